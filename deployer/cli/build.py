@@ -1,0 +1,3 @@
+"""`ddeploy` commands: build (filled in by its issue)."""
+
+from __future__ import annotations

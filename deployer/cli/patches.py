@@ -1,0 +1,3 @@
+"""`ddeploy` commands: patches (filled in by its issue)."""
+
+from __future__ import annotations

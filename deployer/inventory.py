@@ -1,0 +1,207 @@
+"""The inventory: one YAML file per host under hosts/ (or --inventory DIR), validated at load.
+
+A file holds one host mapping, or `hosts: [ ... ]` for several. Errors name the file, the host
+and the field. The built-in `local` host (this machine, no SSH) is always present unless a file
+defines a host named `local`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import InventoryError
+from .paths import HOSTS_DIR, cache_dir
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+ARCH_RE = re.compile(r"^sm_(\d+)(\d)([af]?)$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SSHSpec(_Strict):
+    host: str = Field(description="address or ssh_config alias")
+    user: str | None = None
+    port: int | None = Field(default=None, ge=1, le=65535)
+    identity: str | None = None
+    jump: str | None = Field(default=None, description="ProxyJump spec, e.g. user@bastion:22")
+    config: str | None = Field(default=None, description="ssh_config file for this host")
+
+    @field_validator("host", "user", "jump")
+    @classmethod
+    def _no_shell_or_option(cls, v: str | None) -> str | None:
+        if v is not None and (not v or v.startswith("-") or any(c.isspace() for c in v)):
+            raise ValueError(f"{v!r} must be non-empty, without spaces, and not start with '-'")
+        return v
+
+
+class GPUSpec(_Strict):
+    model: str
+    count: int = Field(ge=1, le=64)
+    arch: str = Field(description="CUDA arch, e.g. sm_120, sm_103")
+    memory_gib: float | None = Field(default=None, gt=0, description="memory per GPU")
+
+    @field_validator("arch")
+    @classmethod
+    def _arch(cls, v: str) -> str:
+        if not ARCH_RE.match(v):
+            raise ValueError(f"{v!r} is not a CUDA arch like sm_120 or sm_103")
+        return v
+
+    @property
+    def capability(self) -> tuple[int, int]:
+        m = ARCH_RE.match(self.arch)
+        return int(m.group(1)), int(m.group(2))
+
+
+class Host(_Strict):
+    name: str
+    connection: Literal["ssh", "local"] = "ssh"
+    ssh: SSHSpec | None = None
+    gpu: GPUSpec
+    interconnect: Literal["pcie", "nvlink"]
+    checkout: str = Field(description="path of the SGLang checkout on the host")
+    python: str = Field(default="python3", description="python of the host's environment")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment for commands")
+    groups: tuple[str, ...] = ()
+    vars: dict[str, object] = Field(default_factory=dict, description="render values (launch scripts)")
+    source: str = Field(default="<builtin>", exclude=True)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"{v!r} must be letters, digits, '_', '.', '-' (max 63)")
+        return v
+
+    @field_validator("groups")
+    @classmethod
+    def _groups(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for g in v:
+            if not NAME_RE.match(g):
+                raise ValueError(f"group {g!r} must be letters, digits, '_', '.', '-'")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise ValueError(f"environment name {key!r} is not a valid variable name")
+        return v
+
+    @model_validator(mode="after")
+    def _connection(self) -> "Host":
+        if self.connection == "ssh" and self.ssh is None:
+            raise ValueError("an ssh host needs an 'ssh' section (host, user, port, ...)")
+        return self
+
+    @property
+    def is_local(self) -> bool:
+        return self.connection == "local"
+
+
+def local_host() -> Host:
+    """The built-in host: this machine, checkout in the user's cache, made from the base on first use."""
+    return Host(name="local", connection="local",
+                gpu=GPUSpec(model="local", count=1, arch=os.environ.get("DDEPLOY_LOCAL_ARCH", "sm_120")),
+                interconnect="pcie", checkout=str(cache_dir() / "local" / "sglang"),
+                python=sys.executable, groups=("local",))
+
+
+def _format_validation(err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(x) for x in first["loc"]) or "(top level)"
+    msg = first["msg"].removeprefix("Value error, ")
+    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"field {loc}: {msg}{more}"
+
+
+def parse_host(data: object, source: str, index: int | None = None) -> Host:
+    where = source if index is None else f"{source}[{index}]"
+    if not isinstance(data, dict):
+        raise InventoryError(f"{where}: a host must be a mapping, got {type(data).__name__}")
+    name = data.get("name", "?")
+    try:
+        return Host.model_validate({**data, "source": source})
+    except ValidationError as exc:
+        raise InventoryError(f"{where}: host '{name}': {_format_validation(exc)}") from None
+
+
+def load_file(path: Path) -> list[Host]:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" line {mark.line + 1}" if mark else ""
+        raise InventoryError(f"{path}:{at} not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
+    except OSError as exc:
+        raise InventoryError(f"{path}: cannot read ({exc.strerror})") from None
+    if doc is None:
+        return []
+    if isinstance(doc, dict) and set(doc) == {"hosts"}:
+        if not isinstance(doc["hosts"], list):
+            raise InventoryError(f"{path}: 'hosts' must be a list")
+        return [parse_host(h, str(path), i) for i, h in enumerate(doc["hosts"])]
+    return [parse_host(doc, str(path))]
+
+
+class Inventory:
+    def __init__(self, hosts: list[Host], directory: Path | None = None):
+        self.directory = directory
+        self.hosts: dict[str, Host] = {}
+        for h in hosts:
+            if h.name in self.hosts and h.name != "local":
+                raise InventoryError(f"{h.source}: host '{h.name}' is also defined in {self.hosts[h.name].source}")
+            self.hosts[h.name] = h
+
+    @classmethod
+    def load(cls, directory: Path | str | None = None) -> "Inventory":
+        directory = Path(directory or os.environ.get("DDEPLOY_HOSTS_DIR") or HOSTS_DIR)
+        if not directory.is_dir():
+            raise InventoryError(f"inventory directory {directory} does not exist")
+        hosts = [local_host()]
+        for path in sorted(directory.glob("*.y*ml")):
+            if path.suffix in (".yaml", ".yml") and not path.name.startswith("_"):
+                hosts.extend(load_file(path))
+        return cls(hosts, directory)
+
+    @property
+    def groups(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for h in self.hosts.values():
+            for g in h.groups:
+                out.setdefault(g, []).append(h.name)
+        return out
+
+    def get(self, name: str) -> Host:
+        try:
+            return self.hosts[name]
+        except KeyError:
+            known = ", ".join(sorted(self.hosts))
+            raise InventoryError(f"unknown host '{name}' (known: {known})") from None
+
+    def select(self, names: tuple[str, ...] | list[str] = (), groups: tuple[str, ...] | list[str] = (),
+               all_hosts: bool = False) -> list[Host]:
+        """Hosts by name, group or all (excluding `local` from --all); order kept, no duplicates."""
+        if all_hosts:
+            return [h for h in self.hosts.values() if not h.is_local]
+        chosen: dict[str, Host] = {}
+        for n in names:
+            chosen[n] = self.get(n)
+        for g in groups:
+            members = self.groups.get(g)
+            if not members:
+                known = ", ".join(sorted(self.groups)) or "none"
+                raise InventoryError(f"unknown or empty group '{g}' (known: {known})")
+            for n in members:
+                chosen[n] = self.hosts[n]
+        return list(chosen.values())

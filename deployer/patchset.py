@@ -1,0 +1,156 @@
+"""A released patch set: `patches/<name>/<version>/` with `series`, the patches and
+`manifest.yaml`. Loading verifies everything (series vs manifest, sha256, path safety), so
+nothing downstream ever sees an unverified patch.
+
+manifest.yaml:
+    name: ddtree
+    version: 0.1.0
+    created: '2026-11-29'
+    base: {sglang: 0.5.23, tree: <git tree hash of the pristine base>}
+    patches:
+      - {name: 0001-ddtree-builder.patch, concern: builder, sha256: <hex>, files: [python/...]}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .errors import ChecksumError, PatchSetError
+from .pathsafety import patch_paths
+from .paths import PATCH_SET_NAME, patch_set_root
+
+VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    concern: str
+    sha256: str
+    files: tuple[str, ...]
+    data: bytes = field(repr=False)
+
+
+@dataclass(frozen=True)
+class PatchSet:
+    name: str
+    version: str
+    created: str
+    base_version: str
+    base_tree: str
+    patches: tuple[Patch, ...]
+    path: Path
+
+    @property
+    def ident(self) -> str:
+        return f"{self.name}/{self.version}"
+
+    @property
+    def files(self) -> list[str]:
+        """All files the set touches, in order of first appearance."""
+        return list(dict.fromkeys(f for p in self.patches for f in p.files))
+
+    def fingerprint(self) -> str:
+        """One hash over the ordered patch hashes: equal sets have equal fingerprints."""
+        h = hashlib.sha256()
+        for p in self.patches:
+            h.update(f"{p.name}\0{p.sha256}\n".encode())
+        return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
+
+def list_versions(name: str = PATCH_SET_NAME, root: Path | None = None) -> list[str]:
+    root = root or patch_set_root(name)
+    if not root.is_dir():
+        return []
+    found = [d.name for d in root.iterdir() if d.is_dir() and VERSION_RE.match(d.name)]
+    return sorted(found, key=version_key)
+
+
+def resolve_dir(spec: str | Path | None, name: str = PATCH_SET_NAME) -> Path:
+    """A version ("0.1.0"), "latest"/None, or a directory path -> the patch set directory."""
+    if spec is None or str(spec) == "latest":
+        versions = list_versions(name)
+        if not versions:
+            raise PatchSetError(f"no released {name} patch set under {patch_set_root(name)}; "
+                                f"run `ddeploy patches export`")
+        return patch_set_root(name) / versions[-1]
+    spec_s = str(spec)
+    if VERSION_RE.match(spec_s):
+        path = patch_set_root(name) / spec_s
+        if not path.is_dir():
+            known = ", ".join(list_versions(name)) or "none"
+            raise PatchSetError(f"patch set {name} {spec_s} not found (released: {known})")
+        return path
+    path = Path(spec_s)
+    if not path.is_dir():
+        raise PatchSetError(f"patch set {spec_s!r} is neither a released version nor a directory")
+    return path
+
+
+def _read_manifest(path: Path) -> dict:
+    mf = path / "manifest.yaml"
+    try:
+        data = yaml.safe_load(mf.read_text())
+    except FileNotFoundError:
+        raise PatchSetError(f"{mf}: missing manifest") from None
+    except yaml.YAMLError as exc:
+        raise PatchSetError(f"{mf}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise PatchSetError(f"{mf}: expected a mapping at the top level")
+    for key in ("name", "version", "base", "patches"):
+        if key not in data:
+            raise PatchSetError(f"{mf}: missing field '{key}'")
+    if not isinstance(data["patches"], list) or not isinstance(data["base"], dict):
+        raise PatchSetError(f"{mf}: 'patches' must be a list and 'base' a mapping")
+    return data
+
+
+def _read_series(path: Path) -> list[str]:
+    series = path / "series"
+    if not series.is_file():
+        raise PatchSetError(f"{series}: missing series file")
+    names = [ln.split("#", 1)[0].strip() for ln in series.read_text().splitlines()]
+    return [n for n in names if n]
+
+
+def load_patch_set(spec: str | Path | None = None, name: str = PATCH_SET_NAME) -> PatchSet:
+    """Load and fully verify a patch set (checksums, series/manifest agreement, path safety)."""
+    path = resolve_dir(spec, name)
+    manifest = _read_manifest(path)
+    series = _read_series(path)
+    entries = manifest["patches"]
+    listed = [str(e.get("name")) if isinstance(e, dict) else "?" for e in entries]
+    if listed != series:
+        raise PatchSetError(f"{path}: series {series} does not match manifest patches {listed}")
+    patches = []
+    for entry in entries:
+        pname = entry["name"]
+        if "/" in pname or pname.startswith("."):
+            raise PatchSetError(f"{path}: patch name {pname!r} must be a plain file name")
+        file = path / pname
+        if not file.is_file():
+            raise PatchSetError(f"{path}: patch {pname} listed in series is missing")
+        data = file.read_bytes()
+        actual = sha256_bytes(data)
+        if actual != entry.get("sha256"):
+            raise ChecksumError(f"patch {pname} in {path} was modified: sha256 {actual[:12]}… does not "
+                                f"match the manifest's {str(entry.get('sha256'))[:12]}…; refusing to use it")
+        files = patch_paths(data, patch=pname)
+        patches.append(Patch(pname, str(entry.get("concern", "")), actual, tuple(files), data))
+    base = manifest["base"]
+    return PatchSet(name=str(manifest["name"]), version=str(manifest["version"]),
+                    created=str(manifest.get("created", "")), base_version=str(base.get("sglang", "")),
+                    base_tree=str(base.get("tree", "")), patches=tuple(patches), path=path)

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Create (or refresh) the project virtualenv at $VENV (default: .venv).
+#   light (default): the deploy tool + torch CPU for the overlay tests.
+#   full  (--full):  also SGLang 0.5.23's runtime packages, so SGLang's own JIT loader and
+#                    kernels import on this machine (what the test hosts' python needs).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+MODE=light
+[[ "${1:-}" == "--full" ]] && MODE=full
+PY=${PYTHON:-python3}
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+stamp="$VENV/.ddeploy-$MODE-$(sha256sum scripts/setup-venv.sh pyproject.toml | sha256sum | cut -c1-12)"
+if [[ -e "$stamp" ]]; then
+  echo "setup-venv: $VENV is up to date ($MODE)"; exit 0
+fi
+
+if [[ "$MODE" == full ]]; then
+  # torch 2.14.1 is what SGLang 0.5.23 pins; torchvision 0.29.1 is the build that imports beside it.
+  "${PIP[@]}" torch==2.14.1 torchvision==0.29.1
+  "${PIP[@]}" numpy orjson psutil pybase64 requests triton pillow starlette msgspec pydantic \
+    pyzmq tqdm ipython aiohttp apache-tvm-ffi==0.1.11 transformers==5.19.0 dill \
+    sentencepiece==0.2.1 compressed-tensors==0.18.0 gguf openai==2.8.0 partial-json-parser \
+    einops ninja fastapi uvicorn uvloop setproctitle python-multipart interegular \
+    prometheus-client xxhash msgpack
+else
+  "${PIP[@]}" torch==2.13.0
+fi
+"${PIP[@]}" -e '.[overlay,test]'
+rm -f "$VENV"/.ddeploy-"$MODE"-*
+touch "$stamp"
+echo "setup-venv: $VENV ready ($MODE)"
