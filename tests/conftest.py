@@ -1,0 +1,91 @@
+"""Shared pytest fixtures.
+
+- `_isolated_cache` (session, autouse): DDEPLOY_CACHE_DIR points at a session tmp dir, so tests
+  never touch the user's cache; the pristine base is linked in read-only from the user's cache
+  when it is already built there (else built once into the tmp cache), and DDEPLOY_SGLANG_WHEEL
+  names the cached wheel. Yields the tmp cache Path.
+- `sshd_fleet` (session): an SshdFleet (see tests/sshd_hosts.py) of 3 real OpenSSH hosts h1..h3 on
+  127.0.0.11-13, each with its own clone of the base. Torn down at session end, also on failure.
+- `hosts` (function): the same fleet, reset before the test (all hosts up with their original keys,
+  known_hosts rewritten, every checkout at the pristine base with no ddeploy refs). Use this one in
+  tests so they stay independent: `hosts.hosts[0].checkout`, `hosts.inventory_dir`, ...
+- `ddeploy` (function): run the real CLI in-process against the fleet's inventory:
+  `r = ddeploy("push", "--host", "h1", "--version", str(set_dir))` -> Result(code, stdout, stderr).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from sshd_hosts import SshdFleet  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    from deployer.base import SGLANG_VERSION
+
+    real = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddeploy"
+    if os.environ.get("DDEPLOY_CACHE_DIR"):
+        real = Path(os.environ["DDEPLOY_CACHE_DIR"])
+    cache = tmp_path_factory.mktemp("ddeploy-cache")
+    real_base = real / "base" / f"sglang-{SGLANG_VERSION}"
+    if (real_base / ".git").is_dir():
+        (cache / "base").mkdir()
+        (cache / "base" / real_base.name).symlink_to(real_base)
+    wheels = sorted((real / "wheels").glob(f"sglang-{SGLANG_VERSION}-*.whl"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DDEPLOY_CACHE_DIR", str(cache))
+        if wheels and not os.environ.get("DDEPLOY_SGLANG_WHEEL"):
+            mp.setenv("DDEPLOY_SGLANG_WHEEL", str(wheels[0]))
+        yield cache
+
+
+@pytest.fixture(scope="session")
+def sshd_fleet(tmp_path_factory, _isolated_cache):
+    fleet = SshdFleet.start(tmp_path_factory.mktemp("sshd"), count=3)
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+
+
+@pytest.fixture
+def hosts(sshd_fleet):
+    sshd_fleet.reset()
+    yield sshd_fleet
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(*args: str, inventory: Path | None = None) -> Result:
+    """Run `ddeploy [-i inventory] args...` in-process, capturing exit code and both streams."""
+    from deployer.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    argv = [*(["-i", str(inventory)] if inventory else []), *args]
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            main(argv)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def ddeploy(hosts):
+    return lambda *args: run_cli(*args, inventory=hosts.inventory_dir)

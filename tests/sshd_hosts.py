@@ -1,0 +1,270 @@
+"""Real OpenSSH test hosts on loopback, for tests and benchmarks (no pytest import here).
+
+    fleet = SshdFleet.start(Path(tmp), count=3)    # 3 sshd on 127.0.0.N, random free ports
+    fleet.hosts[0]         -> SshdHost(name="h1", address="127.0.0.11", port=..., checkout=Path, ...)
+    fleet.inventory_dir    -> directory of host YAML files (pass as `ddeploy -i DIR`)
+    fleet.ssh_config       -> ssh_config with one `Host <name>` alias per test host (root, client key,
+                              known_hosts, StrictHostKeyChecking yes) plus `Host <name>-via-h1`
+                              aliases that reach the host through h1 (ProxyJump)
+    fleet.known_hosts, fleet.client_key
+    host.stop() / host.start()   outage: stop kills the listener and its sessions; start restarts it
+    host.rotate_host_key()       the host presents a new key (known_hosts now holds the old one)
+    fleet.forget_host_key(host)  drop the host from known_hosts (unknown-key case)
+    fleet.reset()                every host running with its original key, known_hosts rewritten,
+                                 every checkout back at the pristine base (branch main, clean,
+                                 refs/ddeploy/* and .git/ddeploy removed)
+    fleet.close()                stop everything (also at interpreter exit)
+
+Each host's checkout is its own full clone of the pristine SGLang base (`clone_base`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+BASE_ADDRESS = "127.0.0."
+
+
+def _keygen(path: Path, comment: str) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
+                   check=True, capture_output=True)
+
+
+def _free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+def _wait_banner(address: str, port: int, deadline: float) -> None:
+    """Ready means the server sends its `SSH-` banner (polling connects, no fixed sleep)."""
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((address, port), timeout=1) as s:
+                if s.recv(64).startswith(b"SSH-"):
+                    return
+        except OSError as exc:
+            last = exc
+        time.sleep(0.01)
+    raise RuntimeError(f"sshd on {address}:{port} sent no banner ({last})")
+
+
+@dataclass
+class SshdHost:
+    name: str
+    address: str
+    port: int
+    root: Path  # per-host directory: sshd_config, keys, logs, checkout
+    authorized_keys: Path
+    checkout: Path = field(init=False)
+    host_key: Path = field(init=False)
+    original_host_key: Path = field(init=False)
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.checkout = self.root / "sglang"
+        self.host_key = self.original_host_key = self.root / "ssh_host_ed25519_key"
+        if not self.host_key.exists():
+            _keygen(self.host_key, f"host-{self.name}")
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "sshd_config"
+
+    @property
+    def public_key(self) -> str:
+        return self.host_key.with_suffix(".pub").read_text().split()[:2]
+
+    def known_hosts_line(self) -> str:
+        ktype, key = self.public_key
+        return f"[{self.address}]:{self.port} {ktype} {key}\n"
+
+    def _write_config(self) -> None:
+        self.config_path.write_text("\n".join([
+            f"ListenAddress {self.address}:{self.port}",
+            f"HostKey {self.host_key}",
+            f"PidFile {self.root / 'sshd.pid'}",
+            f"AuthorizedKeysFile {self.authorized_keys}",
+            "UsePAM no", "StrictModes no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+            "PermitRootLogin prohibit-password", "AllowTcpForwarding yes", "LogLevel ERROR",
+            "MaxStartups 100:30:200", "MaxSessions 50",
+            f"SetEnv DDEPLOY_TEST_HOST={self.name}", ""]))
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, timeout: float = 10.0) -> None:
+        if self.running:
+            return
+        self._write_config()
+        log = open(self.root / "sshd.log", "ab")
+        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config_path)], stdout=log, stderr=log,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        try:
+            _wait_banner(self.address, self.port, time.monotonic() + timeout)
+        except RuntimeError:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Outage: the listener and every session it spawned die (commands started by a session
+        keep running, as after a network cut; they are not sshd processes)."""
+        if self.proc is None:
+            return
+        for pid in [*_sshd_descendants(self.proc.pid), self.proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        self.proc = None
+
+    def rotate_host_key(self) -> None:
+        """Restart with a brand-new host key (a reinstalled host or a man in the middle)."""
+        new = self.root / f"rotated_host_key_{time.monotonic_ns()}"
+        _keygen(new, f"rotated-{self.name}")
+        self.stop()
+        self.host_key = new
+        self.start()
+
+    def restore_host_key(self) -> None:
+        if self.host_key != self.original_host_key:
+            self.stop()
+            self.host_key = self.original_host_key
+        self.start()
+
+    def git(self, *args: str) -> str:
+        return subprocess.run(["git", "-C", str(self.checkout), *args], check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    def reset_checkout(self, base_commit: str) -> None:
+        """Back to the pristine base: branch main at the base commit, clean, no ddeploy refs/state."""
+        shutil.rmtree(self.checkout / ".git" / "ddeploy", ignore_errors=True)
+        for ref in self.git("for-each-ref", "--format=%(refname)", "refs/ddeploy").splitlines():
+            self.git("update-ref", "-d", ref)
+        self.git("checkout", "-q", "-f", "-B", "main", base_commit)
+        self.git("clean", "-q", "-fdx")
+
+
+def _sshd_descendants(pid: int) -> list[int]:
+    """All descendants of pid whose command is sshd (the per-connection session processes)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        try:
+            comm = Path(f"/proc/{p}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm.startswith("sshd"):
+            out.append(p)
+            todo.extend(children.get(p, []))
+    return out
+
+
+@dataclass
+class SshdFleet:
+    root: Path
+    hosts: list[SshdHost]
+    client_key: Path
+    known_hosts: Path
+    ssh_config: Path
+    inventory_dir: Path
+    base_commit: str
+    base_tree: str
+
+    @classmethod
+    def start(cls, root: Path, count: int = 3, *, first_octet: int = 11, python: str = sys.executable,
+              prefix: str = "h") -> "SshdFleet":
+        from deployer.base import clone_base, ensure_base
+
+        root.mkdir(parents=True, exist_ok=True)
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+        base = ensure_base()
+        client_key = root / "client_ed25519"
+        _keygen(client_key, "ddeploy-test-client")
+        authorized = root / "authorized_keys"
+        shutil.copy(client_key.with_suffix(".pub"), authorized)
+        hosts = []
+        for i in range(count):
+            address = f"{BASE_ADDRESS}{first_octet + i}"
+            hdir = root / f"{prefix}{i + 1}"
+            hdir.mkdir(exist_ok=True)
+            hosts.append(SshdHost(f"{prefix}{i + 1}", address, _free_port(address), hdir, authorized))
+        fleet = cls(root, hosts, client_key, root / "known_hosts", root / "ssh_config", root / "inventory",
+                    base.commit, base.tree)
+        atexit.register(fleet.close)
+        try:
+            for h in hosts:
+                h.start()
+                clone_base(h.checkout)
+            fleet.write_client_files(python)
+        except BaseException:
+            fleet.close()
+            raise
+        return fleet
+
+    def write_client_files(self, python: str) -> None:
+        self.write_known_hosts()
+        blocks = []
+        for h in self.hosts:
+            blocks.append(self._ssh_block(h.name, h))
+            blocks.append(self._ssh_block(f"{h.name}-via-{self.hosts[0].name}", h) +
+                          f"  ProxyJump {self.hosts[0].name}\n")
+        self.ssh_config.write_text("".join(blocks))
+        self.inventory_dir.mkdir(exist_ok=True)
+        for i, h in enumerate(self.hosts):
+            doc = {"name": h.name, "ssh": {"host": h.name, "config": str(self.ssh_config)},
+                   "gpu": {"model": "NVIDIA RTX PRO 6000 Blackwell Server Edition" if i % 2 == 0 else
+                           "NVIDIA B300 SXM6", "count": 8, "arch": "sm_120" if i % 2 == 0 else "sm_103",
+                           "memory_gib": 96 if i % 2 == 0 else 288},
+                   "interconnect": "pcie" if i % 2 == 0 else "nvlink",
+                   "checkout": str(h.checkout), "python": python,
+                   "groups": ["test", "even" if i % 2 else "odd"]}
+            (self.inventory_dir / f"{h.name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def _ssh_block(self, alias: str, h: SshdHost) -> str:
+        return (f"Host {alias}\n  HostName {h.address}\n  Port {h.port}\n  User root\n"
+                f"  IdentityFile {self.client_key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {self.known_hosts}\n"
+                f"  StrictHostKeyChecking yes\n  BatchMode yes\n")
+
+    def write_known_hosts(self) -> None:
+        self.known_hosts.write_text("".join(h.known_hosts_line() for h in self.hosts))
+
+    def forget_host_key(self, host: SshdHost) -> None:
+        self.known_hosts.write_text("".join(h.known_hosts_line() for h in self.hosts if h is not host))
+
+    def host(self, name: str) -> SshdHost:
+        return next(h for h in self.hosts if h.name == name)
+
+    def reset(self) -> None:
+        for h in self.hosts:
+            h.restore_host_key()
+            h.reset_checkout(self.base_commit)
+        self.write_known_hosts()
+
+    def close(self) -> None:
+        for h in self.hosts:
+            h.stop()

@@ -1,0 +1,125 @@
+"""The connection layer against real sshd hosts: commands, quoting, rsync, and each connect failure."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from deployer.connection import open_connection
+from deployer.errors import ConnectError, RemoteCommandError
+from deployer.inventory import Inventory, local_host
+
+pytestmark = pytest.mark.sshd
+
+
+def _host(fleet, name):
+    return Inventory.load(fleet.inventory_dir).get(name)
+
+
+def _with_ssh(h, **ssh):
+    return h.model_copy(update={"ssh": h.ssh.model_copy(update=ssh)})
+
+
+def test_run_quotes_every_argument_and_reports_exit_code(hosts, tmp_path):
+    with open_connection(_host(hosts, "h1")) as conn:
+        res = conn.run(["printf", "%s|", "a b", "$HOME", "`id`", "x;y"])
+        assert res.stdout == "a b|$HOME|`id`|x;y|"
+        assert conn.run(["sh", "-c", "echo $DDEPLOY_TEST_HOST"]).stdout.strip() == "h1"
+        assert conn.run(["false"], check=False).rc == 1
+        with pytest.raises(RemoteCommandError, match=r"\[h1\].*exited 1"):
+            conn.run(["false"])
+        assert conn.run(["cat"], input=b"through stdin").stdout == "through stdin"
+        assert conn.run(["pwd"], cwd=str(hosts.hosts[0].checkout)).stdout.strip() == str(hosts.hosts[0].checkout)
+        lines: list[str] = []
+        conn.run(["sh", "-c", "echo one >&2; echo two >&2"], stream=lines.append)
+        assert lines == ["one", "two"]
+
+
+def test_rsync_both_ways_with_mkpath(hosts, tmp_path):
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "f.txt").write_text("payload")
+    target = hosts.hosts[1].root / "deep" / "dir"
+    with open_connection(_host(hosts, "h2")) as conn:
+        conn.rsync_to(f"{src}/", f"{target}/")
+        assert (target / "sub" / "f.txt").read_text() == "payload"
+        conn.rsync_from(f"{target}/sub/f.txt", tmp_path / "back.txt")
+    assert (tmp_path / "back.txt").read_text() == "payload"
+
+
+def test_stopped_host_is_unreachable(hosts):
+    hosts.hosts[2].stop()
+    with pytest.raises(ConnectError, match=r"^\[h3\] .*unreachable \(connection refused\)"):
+        open_connection(_host(hosts, "h3"))
+
+
+def test_unknown_host_key_refused_unless_opted_in(hosts):
+    hosts.forget_host_key(hosts.hosts[0])
+    with pytest.raises(ConnectError, match=r"\[h1\] host key .* is unknown.*--accept-new-host-keys"):
+        open_connection(_host(hosts, "h1"))
+    assert "127.0.0.11" not in hosts.known_hosts.read_text()
+    with open_connection(_host(hosts, "h1"), accept_new_host_keys=True) as conn:
+        assert conn.run(["true"]).ok
+    assert hosts.hosts[0].known_hosts_line().split()[2] in hosts.known_hosts.read_text()
+    with open_connection(_host(hosts, "h1")) as conn:  # recorded: strict mode now accepts it
+        assert conn.run(["true"]).ok
+
+
+def test_changed_host_key_refused_even_with_opt_in(hosts):
+    hosts.hosts[1].rotate_host_key()
+    before = hosts.known_hosts.read_text()
+    for accept in (False, True):
+        with pytest.raises(ConnectError, match=r"\[h2\] host key .* has CHANGED \(possible man-in-the-middle\)"):
+            open_connection(_host(hosts, "h2"), accept_new_host_keys=accept)
+    assert hosts.known_hosts.read_text() == before
+
+
+def test_auth_refused_with_a_foreign_key(hosts, tmp_path):
+    import subprocess
+
+    key = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    h = hosts.hosts[0]
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host other\n  HostName {h.address}\n  Port {h.port}\n  User root\n  IdentityFile {key}\n"
+                   f"  IdentitiesOnly yes\n  UserKnownHostsFile {hosts.known_hosts}\n")
+    host = _with_ssh(_host(hosts, "h1"), host="other", config=str(cfg))
+    with pytest.raises(ConnectError, match=r"\[h1\] authentication refused"):
+        open_connection(host)
+
+
+def test_banner_timeout_is_one_clear_line(hosts):
+    from deployer.connection import Timeouts
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    held = []
+    threading.Thread(target=lambda: held.append(srv.accept()), daemon=True).start()
+    host = _with_ssh(_host(hosts, "h1"), host="127.0.0.1", port=srv.getsockname()[1], config=None, user="root")
+    try:
+        with pytest.raises(ConnectError, match=r"\[h1\] .*sent no SSH banner \(banner timeout\)"):
+            open_connection(host, timeouts=Timeouts(banner=0.5))
+    finally:
+        srv.close()
+
+
+def test_proxyjump_through_another_host(hosts, tmp_path):
+    host = _with_ssh(_host(hosts, "h3"), host="h3-via-h1")
+    with open_connection(host) as conn:
+        assert conn.run(["sh", "-c", "echo $DDEPLOY_TEST_HOST"]).stdout.strip() == "h3"
+        (tmp_path / "f").write_text("jumped")
+        conn.rsync_to(tmp_path / "f", str(hosts.hosts[2].root / "jumped.txt"))
+    assert (hosts.hosts[2].root / "jumped.txt").read_text() == "jumped"
+    hosts.hosts[0].stop()  # the jump host down: the target is unreachable through it
+    with pytest.raises(ConnectError, match=r"\[h3\]"):
+        open_connection(host)
+
+
+def test_local_connection_runs_argv_without_a_shell(tmp_path):
+    with open_connection(local_host()) as conn:
+        assert conn.run(["printf", "%s", "$(id) ;"]).stdout == "$(id) ;"
+        conn.rsync_to(__file__, str(tmp_path / "x" / "copy.py"))
+    assert (tmp_path / "x" / "copy.py").read_text().startswith('"""The connection layer')
