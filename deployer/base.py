@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BaseTreeError
-from .gitutil import FIXED_IDENTITY, git, git_out
+from .gitutil import FIXED_IDENTITY, git, git_env, git_out
 from .paths import cache_dir
 
 SGLANG_VERSION = "0.5.23"
@@ -147,11 +147,22 @@ def ensure_base(version: str = SGLANG_VERSION, *, rebuild: bool = False) -> Base
     return verify_base(path, version)
 
 
-def clone_base(dest: Path, version: str = SGLANG_VERSION) -> Path:
-    """A fresh, full (not shallow) clone of the base at dest: a checkout to deploy onto."""
-    base = ensure_base(version)
+def fetch_base(version: str = SGLANG_VERSION, *, rebuild: bool = False) -> Base:
+    """`ddeploy base fetch`: build (or rebuild) the cached base and verify it."""
+    return ensure_base(version, rebuild=rebuild)
+
+
+def clone_base(dest: Path, version: str = SGLANG_VERSION, *, source: Path | None = None) -> Path:
+    """A fresh, full (not shallow) clone of the base at dest: a checkout to deploy onto.
+
+    `source` clones another repository instead (a host checkout, a test's altered base); it is
+    only read, never modified."""
+    origin = source if source is not None else ensure_base(version).path
+    if not (Path(origin) / ".git").exists():
+        raise BaseTreeError(f"{origin} is not a git checkout to clone")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["git", "clone", "-q", str(base.path), str(dest)], capture_output=True, text=True)
+    proc = subprocess.run(["git", "clone", "-q", str(origin), str(dest)], capture_output=True, text=True,
+                          env=git_env())
     if proc.returncode != 0:
-        raise BaseTreeError(f"cannot clone the base into {dest}: {proc.stderr.strip()}")
+        raise BaseTreeError(f"cannot clone {origin} into {dest}: {proc.stderr.strip()}")
     return dest

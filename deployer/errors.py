@@ -98,3 +98,9 @@ class HostsFailed(DeployError):
     """One or more hosts of a fleet operation failed (details were already printed)."""
 
     exit_code = 1
+
+
+class OverlayTestsFailed(DeployError):
+    """The overlay's own tests failed inside a patched tree."""
+
+    exit_code = 10

@@ -14,6 +14,7 @@ manifest.yaml:
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,28 +72,42 @@ def version_key(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.split("."))
 
 
+def sets_root(name: str = PATCH_SET_NAME) -> Path:
+    """Where released sets of `name` live: $DDEPLOY_PATCHES_DIR/<name>, else the project's patches/<name>."""
+    explicit = os.environ.get("DDEPLOY_PATCHES_DIR")
+    return Path(explicit) / name if explicit else patch_set_root(name)
+
+
+def next_version(versions: list[str]) -> str:
+    """The next patch version after the newest released one; 0.1.0 for the first release."""
+    if not versions:
+        return "0.1.0"
+    major, minor, patch = version_key(max(versions, key=version_key))
+    return f"{major}.{minor}.{patch + 1}"
+
+
 def list_versions(name: str = PATCH_SET_NAME, root: Path | None = None) -> list[str]:
-    root = root or patch_set_root(name)
+    root = root or sets_root(name)
     if not root.is_dir():
         return []
     found = [d.name for d in root.iterdir() if d.is_dir() and VERSION_RE.match(d.name)]
     return sorted(found, key=version_key)
 
 
-def resolve_dir(spec: str | Path | None, name: str = PATCH_SET_NAME) -> Path:
+def resolve_dir(spec: str | Path | None, name: str = PATCH_SET_NAME, root: Path | None = None) -> Path:
     """A version ("0.1.0"), "latest"/None, or a directory path -> the patch set directory."""
+    root = root or sets_root(name)
     if spec is None or str(spec) == "latest":
-        versions = list_versions(name)
+        versions = list_versions(name, root)
         if not versions:
-            raise PatchSetError(f"no released {name} patch set under {patch_set_root(name)}; "
-                                f"run `ddeploy patches export`")
-        return patch_set_root(name) / versions[-1]
+            raise PatchSetError(f"no released {name} patch set under {root}; run `ddeploy patches export`")
+        return root / versions[-1]
     spec_s = str(spec)
     if VERSION_RE.match(spec_s):
-        path = patch_set_root(name) / spec_s
+        path = root / spec_s
         if not path.is_dir():
-            known = ", ".join(list_versions(name)) or "none"
-            raise PatchSetError(f"patch set {name} {spec_s} not found (released: {known})")
+            known = ", ".join(list_versions(name, root)) or "none"
+            raise PatchSetError(f"patch set {name} {spec_s} not found under {root} (released: {known})")
         return path
     path = Path(spec_s)
     if not path.is_dir():
@@ -126,9 +141,10 @@ def _read_series(path: Path) -> list[str]:
     return [n for n in names if n]
 
 
-def load_patch_set(spec: str | Path | None = None, name: str = PATCH_SET_NAME) -> PatchSet:
+def load_patch_set(spec: str | Path | None = None, name: str = PATCH_SET_NAME,
+                   root: Path | None = None) -> PatchSet:
     """Load and fully verify a patch set (checksums, series/manifest agreement, path safety)."""
-    path = resolve_dir(spec, name)
+    path = resolve_dir(spec, name, root)
     manifest = _read_manifest(path)
     series = _read_series(path)
     entries = manifest["patches"]
@@ -137,7 +153,7 @@ def load_patch_set(spec: str | Path | None = None, name: str = PATCH_SET_NAME) -
         raise PatchSetError(f"{path}: series {series} does not match manifest patches {listed}")
     patches = []
     for entry in entries:
-        pname = entry["name"]
+        pname = str(entry["name"])
         if "/" in pname or pname.startswith("."):
             raise PatchSetError(f"{path}: patch name {pname!r} must be a plain file name")
         file = path / pname

@@ -1,3 +1,157 @@
-"""`ddeploy` commands: patches (filled in by its issue)."""
+"""`ddeploy base fetch` and `ddeploy patches export|verify|list|show|diff`.
+
+Human output goes to stderr, `--json` and patch-diff text to stdout. Released sets live under
+$DDEPLOY_PATCHES_DIR/ddtree (default: the project's patches/ddtree), the overlay is
+$DDEPLOY_OVERLAY_DIR (default: the project's overlays/ddtree).
+"""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from ..base import fetch_base
+from ..errors import ConflictError, OverlayTestsFailed, PatchSetError
+from ..export import export_patch_set
+from ..output import emit_json, say, table
+from ..paths import overlay_dir
+from ..patchset import PatchSet, list_versions, load_patch_set, sets_root
+from ..setdiff import UNCHANGED, diff_sets
+from ..verify import VerifyReport, verify_patch_set
+from . import cli
+
+
+def _overlay(path: str | None) -> Path:
+    return Path(path or os.environ.get("DDEPLOY_OVERLAY_DIR") or overlay_dir())
+
+
+def _set_json(ps: PatchSet) -> dict:
+    return {"name": ps.name, "version": ps.version, "created": ps.created, "path": str(ps.path),
+            "base": {"sglang": ps.base_version, "tree": ps.base_tree}, "fingerprint": ps.fingerprint(),
+            "patches": [{"name": p.name, "concern": p.concern, "sha256": p.sha256, "files": list(p.files)}
+                        for p in ps.patches]}
+
+
+@cli.group()
+def base() -> None:
+    """The pristine SGLang base (a git repository built from the PyPI wheel)."""
+
+
+@base.command("fetch")
+@click.option("--rebuild", is_flag=True, help="Build it again from the wheel even if cached.")
+def base_fetch(rebuild: bool) -> None:
+    """Build (once) and verify the pristine SGLang base in the cache."""
+    b = fetch_base(rebuild=rebuild)
+    say(f"SGLang {b.version} base at {b.path} (commit {b.commit[:12]}, tree {b.tree}) verified")
+
+
+@cli.group()
+def patches() -> None:
+    """Versioned DDTree patch sets: export, verify, list, show, diff."""
+
+
+@patches.command("export")
+@click.option("--version", "version", help="Version to release (default: next patch version).")
+@click.option("--date", help="The manifest's created date, YYYY-MM-DD (default: $SOURCE_DATE_EPOCH, else today UTC).")
+@click.option("--overlay", type=click.Path(file_okay=False, exists=True), help="Overlay directory.")
+def patches_export(version: str | None, date: str | None, overlay: str | None) -> None:
+    """Release the overlay as a new, immutable patch set."""
+    result = export_patch_set(_overlay(overlay), sets_root(), version=version, date=date)
+    for p in result.patches:
+        say(f"{p.name}: {p.concern}, {len(p.files)} file(s)")
+    for cid in result.skipped:
+        say(f"skipped concern {cid}: nothing in the overlay")
+    say(f"released {result.version} at {result.path}")
+
+
+def _print_verify(report: VerifyReport) -> None:
+    say(f"verifying {report.ident} against the {report.against}")
+    for r in report.results:
+        say(r.line())
+    if report.reversed_ok is not None:
+        say("git apply -R --check: every patch applied; reversed to the base tree exactly" if report.reversed_ok
+            else f"git apply -R --check: FAILED: {report.reverse_detail}")
+    if report.tests is not None:
+        if not report.tests.passed:
+            click.echo(report.tests.output[-4000:], err=True)
+        say(f"overlay tests in the patched tree: {report.tests.summary}")
+    elif report.tests_note:
+        say(report.tests_note)
+
+
+def _raise_verify_failure(report: VerifyReport) -> None:
+    if report.conflict is not None:
+        c = report.conflict
+        raise ConflictError(f"patch {c.name} of {report.ident} does not apply strictly ({', '.join(c.files)}); "
+                            f"nothing was changed; refresh the overlay against the base and export a new version")
+    if not report.reversed_ok:
+        raise PatchSetError(f"{report.ident}: {report.reverse_detail}")
+    if report.tests is not None and not report.tests.passed:
+        raise OverlayTestsFailed(f"{report.ident}: overlay tests failed in the patched tree ({report.tests.summary})")
+
+
+@patches.command("verify")
+@click.argument("version", required=False)
+@click.option("--no-tests", is_flag=True, help="Skip the overlay's tests in the patched tree.")
+@click.option("--against", type=click.Path(file_okay=False, exists=True),
+              help="A git checkout to apply to instead of the pristine base (cloned, never changed).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+def patches_verify(version: str | None, no_tests: bool, against: str | None, as_json: bool) -> None:
+    """Check checksums, apply strictly to a fresh base clone, confirm, run the overlay tests."""
+    ps = load_patch_set(version)
+    report = verify_patch_set(ps, against=Path(against) if against else None, run_tests=not no_tests)
+    _print_verify(report)
+    if as_json:
+        emit_json({"set": report.ident, "ok": report.ok, "patches": [r.__dict__ for r in report.results],
+                   "reversed_ok": report.reversed_ok,
+                   "tests": None if report.tests is None else {"returncode": report.tests.returncode,
+                                                               "summary": report.tests.summary}})
+    _raise_verify_failure(report)
+    say(f"{report.ident}: OK")
+
+
+@patches.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
+def patches_list(as_json: bool) -> None:
+    """Released versions with their dates, base and patch count."""
+    sets = [load_patch_set(v) for v in list_versions(root=sets_root())]
+    if as_json:
+        emit_json([_set_json(ps) for ps in sets])
+        return
+    if not sets:
+        say(f"no released patch sets under {sets_root()}")
+        return
+    rows = [[ps.version, ps.created, f"sglang {ps.base_version}", ps.base_tree[:12], str(len(ps.patches))]
+            for ps in sets]
+    say(table(rows, ["version", "created", "base", "base tree", "patches"]))
+
+
+@patches.command("show")
+@click.argument("version")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
+def patches_show(version: str, as_json: bool) -> None:
+    """The patches of one set: concern, files and sha256."""
+    ps = load_patch_set(version)
+    if as_json:
+        emit_json(_set_json(ps))
+        return
+    say(f"{ps.ident} created {ps.created}, base SGLang {ps.base_version} tree {ps.base_tree}")
+    for p in ps.patches:
+        say(f"{p.name}  concern={p.concern}  sha256={p.sha256}")
+        for f in p.files:
+            say(f"    {f}")
+
+
+@patches.command("diff")
+@click.argument("old")
+@click.argument("new")
+@click.option("--stat", is_flag=True, help="Only the per-patch summary, no patch text.")
+def patches_diff(old: str, new: str, stat: bool) -> None:
+    """What changed between two released sets, per patch."""
+    a, b = load_patch_set(old), load_patch_set(new)
+    for change in diff_sets(a, b):
+        say(change.summary())
+        if not stat and change.status != UNCHANGED:
+            click.echo(change.unified(a.version, b.version), nl=False)
