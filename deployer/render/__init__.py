@@ -1,0 +1,150 @@
+"""Launch scripts per host and topology, rendered from the Jinja2 templates under templates/.
+
+`render_plan()` resolves and validates every value, then renders one script + env file per
+unit: one per node of a multi-node topology, one per replica of a multi-replica one.
+Nothing here needs SSH or torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import RenderError
+from ..inventory import Host, Inventory
+from . import validate
+from .engine import ENV_TEMPLATE, SCRIPT_TEMPLATE, environment, render_template
+from .profiles import Profiles, load_profiles
+from .values import Value, parse_sets, plain, resolve
+
+__all__ = ["RenderedUnit", "render_plan", "render_all", "write_units", "explain_rows", "load_profiles",
+           "parse_sets", "Value"]
+
+
+@dataclass(frozen=True)
+class RenderedUnit:
+    """One launch script (and its env file) for one host, node rank and replica."""
+
+    host: str
+    topology: str
+    node_rank: int
+    replica: int
+    name: str
+    script: str
+    env: str
+    values: tuple[Value, ...]
+
+    @property
+    def script_file(self) -> str:
+        return f"{self.name}.sh"
+
+    @property
+    def env_file(self) -> str:
+        return f"{self.name}.env"
+
+
+def _unit_name(host: Host, topology: str, replica: int, replicas: int) -> str:
+    return f"{host.name}-{topology}" + (f"-r{replica}" if replicas > 1 else "")
+
+
+def _layout(host: Host, topo: str, v: dict[str, Any], node_rank: int, replica: int, init_addr: str) -> dict[str, Value]:
+    """Per-unit values computed from the resolved ones (not settable)."""
+    per_node = v["tp_size"] // v["nnodes"]
+    name = _unit_name(host, topo, replica, v["replicas"])
+    computed = {
+        "topology": topo, "node_rank": node_rank, "replica": replica, "unit_port": v["port"] + replica,
+        "cuda_visible_devices": ",".join(str(i) for i in range(replica * per_node, (replica + 1) * per_node)),
+        "dist_init_addr": init_addr, "script_file": f"{name}.sh", "env_file": f"{name}.env",
+    }
+    return {k: Value(k, val, "layout (computed)") for k, val in computed.items()}
+
+
+def _resolve_hosts(profiles: Profiles, hosts: list[Host], topology: str, sets: list[str] | tuple[str, ...]):
+    topo = profiles.topology(topology)
+    pairs = parse_sets(sets)
+    per_host = []
+    for host in hosts:
+        hw = profiles.hardware_for(host)
+        values = resolve(profiles, host, topo, hw, pairs)
+        per_host.append((host, hw, values))
+    return topo, per_host
+
+
+def render_plan(hosts: list[Host], topology: str, sets: list[str] | tuple[str, ...] = (),
+                profiles: Profiles | None = None) -> list[RenderedUnit]:
+    """Validate, then render every unit of `topology` over `hosts` (node rank = position in the list)."""
+    profiles = profiles or load_profiles()
+    if not hosts:
+        raise RenderError("no host given: pass --host NAME (or --group NAME for a multi-node topology)")
+    topo, per_host = _resolve_hosts(profiles, hosts, topology, sets)
+    flat = [(h, plain(values)) for h, _, values in per_host]
+    validate.check_hosts(topo, hosts, flat[0][1]["nnodes"])
+    validate.check_same_across_nodes(flat)
+    for (host, hw, _), (_, v) in zip(per_host, flat):
+        validate.check_host(host, topo, hw, v)
+    init_addr = f"{flat[0][1]['node_addr']}:{flat[0][1]['dist_init_port']}"
+    env = environment(profiles.directory)
+    units = []
+    for rank, (host, _, values) in enumerate(per_host):
+        for replica in range(flat[rank][1]["replicas"]):
+            all_values = {**values, **_layout(host, topo.name, flat[rank][1], rank, replica, init_addr)}
+            ctx = plain(all_values)
+            units.append(RenderedUnit(host.name, topo.name, rank, replica, ctx["script_file"][:-3],
+                                      render_template(env, SCRIPT_TEMPLATE, ctx), render_template(env, ENV_TEMPLATE, ctx),
+                                      tuple(all_values[k] for k in sorted(all_values))))
+    return units
+
+
+def explain_rows(units: list[RenderedUnit]) -> list[list[str]]:
+    """unit, key, value, source for every value of every unit (what `--explain` prints)."""
+    return [[u.name, v.key, _show(v.value), v.source] for u in units for v in u.values]
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list):
+        return " ".join(value) if value else "[]"
+    return "(unset)" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def render_all(inventory: Inventory, sets: list[str] | tuple[str, ...] = (), profiles: Profiles | None = None,
+               multi_node_only: bool = False):
+    """Every valid (host or group, topology) pair: (units, [(label, reason) skipped])."""
+    profiles = profiles or load_profiles()
+    hosts = [h for h in inventory.hosts.values() if not h.is_local]
+    units: list[RenderedUnit] = []
+    skipped: list[tuple[str, str]] = []
+    for name, topo in profiles.topologies.items():
+        nnodes = int(topo.values.get("nnodes", profiles.defaults["nnodes"]))
+        if multi_node_only and nnodes == 1:
+            continue
+        candidates = [[h] for h in hosts] if nnodes == 1 else _groups_of(inventory, hosts, nnodes)
+        if not candidates:
+            skipped.append((name, f"no host group of {nnodes} hosts in the inventory"))
+        for group in candidates:
+            label = f"{'+'.join(h.name for h in group)} {name}"
+            try:
+                units.extend(render_plan(group, name, sets, profiles))
+            except RenderError as exc:
+                skipped.append((label, str(exc)))
+    return units, skipped
+
+
+def _groups_of(inventory: Inventory, hosts: list[Host], size: int) -> list[list[Host]]:
+    names = {h.name for h in hosts}
+    return [[inventory.get(n) for n in members] for _, members in sorted(inventory.groups.items())
+            if len(members) == size and set(members) <= names]
+
+
+def write_units(units: list[RenderedUnit], out_dir: Path) -> list[Path]:
+    """Write each unit's script (mode 0755) and env file (0644) into out_dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for unit in units:
+        for fname, text, mode in ((unit.script_file, unit.script, 0o755), (unit.env_file, unit.env, 0o644)):
+            path = out_dir / fname
+            path.write_text(text)
+            os.chmod(path, mode)
+            written.append(path)
+    return written

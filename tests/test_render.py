@@ -1,0 +1,297 @@
+"""Launch-script rendering: golden files, shell validity, SGLang flag spellings, validation errors,
+multi-node layout, value precedence and --explain, StrictUndefined."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deployer.errors import RenderError, UsageError
+from deployer.inventory import Inventory
+from deployer.paths import HOSTS_DIR, TEMPLATES_DIR
+from deployer.render import explain_rows, load_profiles, render_all, render_plan, write_units
+from deployer.render.golden import GOLDEN_DIR, SETS, golden_files
+
+from conftest import run_cli
+
+SHIPPED = Inventory.load(HOSTS_DIR)
+PAIRS = Inventory.load(GOLDEN_DIR / "inventory")
+OVERLAY_FLAGS = {"--speculative-dflash-tree-budget", "--speculative-dflash-tree-topk"}
+
+
+def _render(host: str, topology: str, *sets: str, inventory: Inventory = SHIPPED):
+    return render_plan([inventory.get(host)], topology, list(sets))
+
+
+def _error(host: str, topology: str, *sets: str) -> str:
+    with pytest.raises(RenderError) as exc:
+        _render(host, topology, *sets)
+    return str(exc.value)
+
+
+def _argv(script: str) -> list[str]:
+    """The words after `exec`, as bash would split them (continuations joined)."""
+    body = script[script.index("\nexec ") + 6:].replace("\\\n", " ")
+    return shlex.split(body)
+
+
+# --- golden files ---------------------------------------------------------------------------
+
+def test_every_shipped_pair_renders_byte_identical_to_its_golden_file():
+    expected = golden_files()
+    on_disk = {f"{sub}/{p.name}": p.read_text() for sub, _, _ in SETS for p in (GOLDEN_DIR / sub).iterdir()}
+    assert sorted(on_disk) == sorted(expected), "stale or missing golden files: run python -m deployer.render --update-golden"
+    for rel, text in expected.items():
+        assert on_disk[rel] == text, f"{rel} differs from the template output (review, then --update-golden)"
+    assert {"shipped/rtx6000-tp8.sh", "shipped/b300-ep8.sh", "shipped/b300-ep4-r1.sh",
+            "multinode/b300-b-ep16-2node.sh"} <= set(expected)
+
+
+def test_golden_scripts_are_executable_and_skipped_pairs_say_why():
+    for script in GOLDEN_DIR.glob("*/*.sh"):
+        assert script.stat().st_mode & 0o777 == 0o755, script
+    skipped = (GOLDEN_DIR / "shipped" / "SKIPPED.txt").read_text()
+    assert "rtx6000 ep4: [rtx6000] topology ep4 does not fit" in skipped
+    assert "rtx6000 ep8: [rtx6000] moe_a2a_backend 'deepep' cannot run here" in skipped
+
+
+def test_every_rendered_file_passes_bash_n_and_shellcheck():
+    files = sorted(GOLDEN_DIR.glob("*/*.sh")) + sorted(GOLDEN_DIR.glob("*/*.env"))
+    assert len(files) >= 20
+    for path in files:
+        subprocess.run(["bash", "-n", str(path)], check=True)
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck not installed (scripts/test.sh installs it)")
+    proc = subprocess.run(["shellcheck", "--shell=bash", "--severity=style", *map(str, files)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+@pytest.fixture(scope="session")
+def sglang_parse(tmp_path_factory):
+    """Parse argv lists with SGLang 0.5.23's own server-args parser (in a subprocess, ~10 s)."""
+    from deployer.base import ensure_base
+
+    base = ensure_base().path / "python"
+    code = ("import argparse, json, sys\n"
+            "from sglang.srt.server_args import ServerArgs\n"
+            "p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)\n"
+            "ServerArgs.add_cli_args(p)\n"
+            "out = []\n"
+            "for argv in json.load(sys.stdin):\n"
+            "    try:\n"
+            "        ns, rest = p.parse_known_args(argv); out.append({'rest': rest, 'args': {k: v for k, v in vars(ns).items() if isinstance(v, (int, float, str, bool))}})\n"
+            "    except (argparse.ArgumentError, SystemExit) as e:\n"
+            "        out.append({'error': str(e)})\n"
+            "print(json.dumps(out))\n")
+
+    def parse(argvs: list[list[str]]) -> list[dict]:
+        env = {**os.environ, "PYTHONPATH": str(base)}
+        proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(argvs), env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    return parse
+
+
+@pytest.mark.slow
+def test_every_flag_is_a_real_sglang_0_5_23_flag_except_the_two_overlay_flags(sglang_parse):
+    scripts = {p.name: p.read_text() for p in sorted(GOLDEN_DIR.glob("*/*.sh"))}
+    argvs = []
+    for name, script in scripts.items():
+        argv = _argv(script)
+        assert argv[1:3] == ["-m", "sglang.launch_server"] and argv[-1] == "$@", name
+        argvs.append(argv[3:-1])
+    results = sglang_parse(argvs)
+    for (name, _), argv, res in zip(scripts.items(), argvs, results):
+        assert "error" not in res, f"{name}: {res}"
+        unknown = [w for w in res["rest"] if w.startswith("--")]
+        assert set(unknown) == OVERLAY_FLAGS, f"{name}: flags SGLang 0.5.23 does not know: {unknown}"
+    ep8 = results[list(scripts).index("b300-ep8.sh")]["args"]
+    assert (ep8["tp_size"], ep8["attn_dp_size"], ep8["ep_size"], ep8["enable_dp_lm_head"]) == (8, 8, 8, True)
+    assert (ep8["moe_a2a_backend"], ep8["deepep_mode"], ep8["attention_backend"]) == ("deepep", "auto", "triton")
+    assert ep8["speculative_algorithm"] == "DFLASH" and ep8["speculative_accept_threshold_acc"] == 1.0
+
+
+def test_the_wiring_patch_defines_the_overlay_flags_the_template_uses():
+    wiring = (Path(__file__).resolve().parent.parent / "overlays/ddtree/hunks/wiring.patch")
+    if not wiring.exists():
+        pytest.skip("overlay wiring hunk not present")
+    text = wiring.read_text()
+    for flag in OVERLAY_FLAGS:
+        assert f"+    {flag[2:].replace('-', '_')}: A[" in text, flag
+
+
+# --- validation -----------------------------------------------------------------------------
+
+def test_gpu_counts_that_do_not_divide_are_refused_naming_the_value():
+    assert "tp_size 3 / nnodes 1 x replicas 1 needs 3 GPUs per node in groups of 3, but gpu.count is 8" in \
+        _error("b300", "tp8", "tp_size=3")
+    assert "needs 16 GPUs" in _error("b300", "tp8", "tp_size=16")
+    assert "attn_dp_size 3 does not divide tp_size 8" in _error("b300", "ep8", "attn_dp_size=3")
+    assert "ep_size 4 must be 1 or equal tp_size 8" in _error("b300", "tp8", "ep_size=4")
+    assert "tp_size 16 does not divide over nnodes 3" in str(
+        pytest.raises(RenderError, render_plan, [PAIRS.get("b300-a")] * 3, "tp16-2node", ["nnodes=3"]).value)
+    assert "replicas 3" in _error("b300", "ep4", "replicas=3")
+
+
+def test_a_topology_that_does_not_fit_in_gpu_memory_states_the_estimate():
+    msg = _error("rtx6000", "ep4")
+    assert "[rtx6000] topology ep4 does not fit" in msg
+    assert "~601 GB of weights (model_weights_gb 595 + draft_weights_gb 6)" in msg
+    assert "4 x 96 GiB x mem_fraction_static 0.88 = 363 GB" in msg
+    assert _render("rtx6000", "ep4", "model_weights_gb=300")  # a smaller checkpoint fits
+
+
+def test_an_attention_backend_that_cannot_apply_the_tree_mask_is_refused():
+    msg = _error("b300", "tp8", "attention_backend=flashinfer")
+    assert "attention_backend 'flashinfer' cannot apply the DDTree tree mask on sm_103" in msg
+    assert _render("b300", "tp8", "attention_backend=flashinfer", "tree_budget=0")  # linear DFlash is fine
+    assert "attention_backend 'trtllm_mla' cannot run on sm_120" in _error("rtx6000", "tp8", "attention_backend=trtllm_mla")
+    assert "moe_a2a_backend 'deepep' cannot run here" in _error("rtx6000", "ep8")
+    assert "draft_attention_backend 'flashmla'" in _error("b300", "tp8", "draft_attention_backend=flashmla")
+    assert "needs enable_dp_lm_head=true" in _error("b300", "ep8", "enable_dp_lm_head=false")
+    assert "accept_threshold_acc must be in (0, 1]" in _error("b300", "tp8", "accept_threshold_acc=0")
+
+
+def test_unknown_topology_lists_the_valid_ones():
+    assert _error("b300", "tp7") == "unknown topology 'tp7' (valid: tp8, ep8, ep4, tp16-2node, ep16-2node)"
+
+
+def test_unknown_and_malformed_set_keys_are_refused():
+    assert "unknown key 'tree_budgte' (did you mean: tree_budget" in _error("b300", "tp8", "tree_budgte=3")
+    assert "--set: tp_size='eight': expected an integer" in _error("b300", "tp8", "tp_size=eight")
+    assert "'env.1BAD' is not a valid environment variable name" in _error("b300", "tp8", "env.1BAD=x")
+    with pytest.raises(UsageError, match=r"malformed --set 'tree_budget': expected key=value"):
+        _render("b300", "tp8", "tree_budget")
+
+
+# --- multi-node -----------------------------------------------------------------------------
+
+def test_multi_node_renders_one_script_per_node_with_ranks_and_rank0_init_address():
+    units = render_plan([PAIRS.get("b300-a"), PAIRS.get("b300-b")], "ep16-2node")
+    assert [(u.host, u.node_rank) for u in units] == [("b300-a", 0), ("b300-b", 1)]
+    argvs = [_argv(u.script) for u in units]
+    for rank, argv in enumerate(argvs):
+        assert argv[argv.index("--node-rank") + 1] == str(rank)
+        assert argv[argv.index("--nnodes") + 1] == "2"
+        assert argv[argv.index("--dist-init-addr") + 1] == "192.0.2.11:20000"
+    # rank 0's address comes from vars.node_addr when the ssh target is an alias
+    rtx = render_plan([PAIRS.get("rtx-b"), PAIRS.get("rtx-a")], "tp16-2node")
+    assert [u.host for u in rtx] == ["rtx-b", "rtx-a"]
+    assert all("--dist-init-addr 198.51.100.22:20000" in u.script for u in rtx)
+
+
+def test_multi_node_needs_one_identical_host_per_node():
+    with pytest.raises(RenderError, match=r"topology tp16-2node has nnodes 2 but 1 host\(s\) were given \(b300\)"):
+        _render("b300", "tp16-2node")
+    with pytest.raises(RenderError, match="differ in gpu.arch/gpu.count/interconnect"):
+        render_plan([PAIRS.get("b300-a"), PAIRS.get("rtx-a")], "tp16-2node")
+
+
+def test_ep4_renders_two_replicas_on_disjoint_gpus_and_ports():
+    r0, r1 = _render("b300", "ep4")
+    assert (r0.name, r1.name) == ("b300-ep4-r0", "b300-ep4-r1")
+    assert "export CUDA_VISIBLE_DEVICES=0,1,2,3\n" in r0.env and "export CUDA_VISIBLE_DEVICES=4,5,6,7\n" in r1.env
+    assert "--port 30000 " in r0.script and "--port 30001 " in r1.script
+
+
+# --- precedence and --explain ---------------------------------------------------------------
+
+@pytest.fixture
+def vars_inventory(tmp_path):
+    doc = yaml.safe_load((HOSTS_DIR / "rtx6000.yaml").read_text())
+    doc["vars"] = {"tree_budget": 32, "draft_model_path": "/data/drafter", "env": {"NCCL_DEBUG": "INFO"}}
+    (tmp_path / "rtx6000.yaml").write_text(yaml.safe_dump(doc))
+    return tmp_path
+
+
+def test_values_resolve_set_over_host_vars_over_topology_over_hardware_over_defaults(vars_inventory):
+    inv = Inventory.load(vars_inventory)
+    (unit,) = render_plan([inv.get("rtx6000")], "tp8", ["tree_topk=4"])
+    src = {v.key: (v.value, v.source) for v in unit.values}
+    assert src["tree_topk"] == (4, "--set")
+    assert src["tree_budget"][0] == 32 and src["tree_budget"][1].startswith("host rtx6000 vars")
+    assert src["tp_size"] == (8, "topology tp8")
+    assert src["mem_fraction_static"] == (0.88, "hardware profile rtx-pro-6000-pcie")
+    assert src["dflash_block_size"] == (16, "defaults (templates/defaults.yaml)")
+    assert src["checkout"][1].startswith("host rtx6000 inventory")
+    assert "--speculative-dflash-tree-budget 32 \\\n  --speculative-dflash-tree-topk 4 \\" in unit.script
+    assert "export NCCL_DEBUG=INFO\n" in unit.env
+    (over,) = render_plan([inv.get("rtx6000")], "tp8", ["tree_budget=16", "env.NCCL_P2P_DISABLE="])
+    assert "--speculative-dflash-tree-budget 16 " in over.script and "NCCL_P2P_DISABLE" not in over.env
+
+
+def test_unknown_host_var_is_refused_naming_the_file(tmp_path):
+    doc = yaml.safe_load((HOSTS_DIR / "b300.yaml").read_text())
+    doc["vars"] = {"tp_sise": 4}
+    (tmp_path / "b300.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(RenderError, match=r"host b300 vars \(.*b300.yaml\): unknown key 'tp_sise' \(did you mean: tp_size"):
+        render_plan([Inventory.load(tmp_path).get("b300")], "tp8")
+
+
+def test_explain_cli_prints_each_value_with_its_source(vars_inventory):
+    r = run_cli("render", "--host", "rtx6000", "-t", "tp8", "--set", "port=31000", "--explain", inventory=vars_inventory)
+    assert r.code == 0, r.stderr
+    rows = {tuple(line.split()[:2]): line for line in r.stdout.splitlines()[2:]}
+    assert rows[("rtx6000-tp8", "port")].endswith("--set")
+    assert "hardware profile rtx-pro-6000-pcie" in rows[("rtx6000-tp8", "env.SGLANG_ENABLE_PCIE_IPC_ALLREDUCE")]
+    assert "host rtx6000 vars" in rows[("rtx6000-tp8", "tree_budget")]
+    assert "layout (computed)" in rows[("rtx6000-tp8", "unit_port")] and " 31000 " in rows[("rtx6000-tp8", "unit_port")]
+
+
+# --- templates ------------------------------------------------------------------------------
+
+def test_strict_undefined_names_the_missing_value(tmp_path):
+    shutil.copytree(TEMPLATES_DIR, tmp_path / "templates")
+    tpl = tmp_path / "templates" / "launch.sh.j2"
+    tpl.write_text(tpl.read_text().replace("  \"$@\"\n", "  --context-length {{ context_length | shquote }} \\\n  \"$@\"\n"))
+    profiles = load_profiles(tmp_path / "templates")
+    with pytest.raises(RenderError, match=r"templates/launch.sh.j2: value 'context_length' is undefined"):
+        render_plan([SHIPPED.get("b300")], "tp8", profiles=profiles)
+
+
+def test_values_are_shell_quoted_in_the_script(tmp_path):
+    (unit,) = _render("b300", "tp8", "draft_model_path=/models/my drafter's dir", "extra_args=--log-level 'debug x'")
+    argv = _argv(unit.script)
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == "/models/my drafter's dir"
+    assert argv[-3:] == ["--log-level", "debug x", "$@"]
+
+
+# --- CLI ------------------------------------------------------------------------------------
+
+def test_render_cli_writes_script_0755_and_env_and_a_stand_in_runs_with_them(tmp_path):
+    code = "import json, os, sys; print(json.dumps([os.environ['CUDA_VISIBLE_DEVICES'], sys.argv[1:]]))"
+    r = run_cli("render", "--host", "b300", "-t", "ep4", "-o", str(tmp_path),
+                "--set", f"server_command={shlex.join([sys.executable, '-c', code])}")
+    assert r.code == 0, r.stderr
+    script = tmp_path / "b300-ep4-r1.sh"
+    assert stat.S_IMODE(script.stat().st_mode) == 0o755 and (tmp_path / "b300-ep4-r1.env").is_file()
+    out = subprocess.run([str(script), "--extra"], capture_output=True, text=True, check=True).stdout
+    devices, argv = json.loads(out)
+    assert devices == "4,5,6,7" and argv[:2] == ["--model-path", "moonshotai/Kimi-K2.6"] and argv[-1] == "--extra"
+
+
+def test_render_cli_errors_exit_with_the_render_code():
+    r = run_cli("render", "--host", "rtx6000", "-t", "ep4")
+    assert r.code == 9 and r.stderr.startswith("ddeploy: error: [rtx6000] topology ep4 does not fit")
+    r = run_cli("render", "--host", "rtx6000")
+    assert r.code == 2 and "render needs --topology" in r.stderr
+
+
+def test_render_all_writes_every_valid_pair_and_reports_skipped(tmp_path):
+    r = run_cli("render", "--all", "-o", str(tmp_path))
+    assert r.code == 0, r.stderr
+    assert sorted(p.name for p in tmp_path.glob("*.sh")) == sorted(
+        rel.split("/")[1] for rel in golden_files() if rel.startswith("shipped/") and rel.endswith(".sh"))
+    assert "skipped rtx6000 ep4: [rtx6000] topology ep4 does not fit" in r.stderr
