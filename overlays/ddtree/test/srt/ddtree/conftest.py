@@ -1,0 +1,58 @@
+"""Import the DDTree modules of the tree under test, without running SGLang's package init.
+
+Tree root: $DDTREE_SGLANG_ROOT, else three directories above this file (``overlays/ddtree``
+in this repository, the checkout root inside a patched SGLang tree). When an installed
+``sglang`` already resolves to ``<root>/python/sglang`` it is imported for real; otherwise
+``sglang``, ``sglang.srt`` and ``sglang.srt.speculative`` are registered as bare package
+shells whose ``__path__`` points into ``<root>/python`` (no code of their own), so
+``import sglang.srt.speculative.ddtree_*`` loads exactly the files of that tree.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+TREE_ROOT = Path(os.environ.get("DDTREE_SGLANG_ROOT") or Path(__file__).resolve().parents[3]).resolve()
+_PACKAGES = ("sglang", "sglang.srt", "sglang.srt.speculative")
+
+
+def _installed_sglang_is_this_tree() -> bool:
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):
+        return False
+    if spec is None or spec.origin is None and not spec.submodule_search_locations:
+        return False
+    locations = [Path(p).resolve() for p in (spec.submodule_search_locations or [])]
+    return (TREE_ROOT / "python" / "sglang") in locations
+
+
+def _register_package_shells() -> None:
+    for name in _PACKAGES:
+        module = sys.modules.get(name)
+        path = str(TREE_ROOT / "python" / Path(*name.split(".")))
+        if module is None:
+            module = types.ModuleType(name)
+            module.__path__ = [path]
+            module.__package__ = name
+            sys.modules[name] = module
+        elif path not in list(getattr(module, "__path__", [])):
+            raise RuntimeError(f"{name} is already imported from elsewhere; cannot test {TREE_ROOT}")
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(sys.modules[parent], child, module)
+
+
+if not _installed_sglang_is_this_tree():
+    _register_package_shells()
+
+
+@pytest.fixture(scope="session")
+def tree_root() -> Path:
+    return TREE_ROOT
