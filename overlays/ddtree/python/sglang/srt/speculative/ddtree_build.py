@@ -126,9 +126,12 @@ def sampling_skip_reason() -> Optional[str]:
     return None
 
 
-def build_all(major: int, minor: int, *, vocab_size: int = KIMI_K2_VOCAB,
+MODULES = ("speculative_ddtree", "speculative_tree", "speculative_sampling")
+
+
+def build_all(major: int, minor: int, *, vocab_size: int = KIMI_K2_VOCAB, only: Optional[list[str]] = None,
               log: Callable[[str], None] = lambda s: None) -> BuildSummary:
-    """Build every module for (major, minor) into the configured SGLANG_JIT_CACHE_DIR."""
+    """Build the modules (all, or `only`) for (major, minor) into the configured SGLANG_JIT_CACHE_DIR."""
     from sglang.kernels.jit.utils import override_jit_cuda_arch
     from sglang.kernels.jit.utils.compile.cache import cache_root
 
@@ -137,6 +140,7 @@ def build_all(major: int, minor: int, *, vocab_size: int = KIMI_K2_VOCAB,
     summary = BuildSummary(arch=arch, cache_dir=str(root))
     modules = [("speculative_ddtree", _load_ddtree), ("speculative_tree", _load_tree),
                ("speculative_sampling", _sampling_loader(vocab_size))]
+    modules = [(name, load) for name, load in modules if only is None or name in only]
     with override_jit_cuda_arch(major, minor):
         for name, load in modules:
             reason = sampling_skip_reason() if name == "speculative_sampling" else None
@@ -163,6 +167,7 @@ def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--cache-dir", help="JIT cache root (sets SGLANG_JIT_CACHE_DIR)")
     p.add_argument("--vocab-size", type=int, default=KIMI_K2_VOCAB,
                    help="target vocab size; picks the sampling kernel variant (default: Kimi K2.6)")
+    p.add_argument("--modules", nargs="+", choices=MODULES, help="build only these (default: all)")
     p.add_argument("--force", action="store_true", help="recompile even when the cache has a build")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     return p.parse_args(argv)
@@ -181,7 +186,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.environ["SGLANG_JIT_FORCE_RECOMPILE"] = "1"
     os.environ.pop("SGLANG_CRASH_ON_JIT_COMPILE", None)  # building is the point here
     log = lambda s: print(f"ddtree_build: {s}", file=sys.stderr, flush=True)  # noqa: E731
-    summary = build_all(major, minor, vocab_size=args.vocab_size, log=log)
+    summary = build_all(major, minor, vocab_size=args.vocab_size, only=args.modules, log=log)
     if args.json:
         print(json.dumps({"arch": summary.arch, "cache_dir": summary.cache_dir, "ok": summary.ok,
                           "modules": [asdict(m) for m in summary.modules]}, indent=2))

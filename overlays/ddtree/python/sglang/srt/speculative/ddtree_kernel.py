@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.speculative.ddtree_batched import DDTreeBatch
 
 # load_jit's marker: the JIT cache directory is named after it (sgl_kernel_jit_<marker>).
 JIT_MODULE_ARGS = ("speculative_ddtree",)
@@ -28,6 +32,7 @@ CUDA_WRAPPERS = (("build_ddtree", "build_ddtree"),)
 SOURCE_FILES = ("speculative/ddtree.cuh", "speculative/ddtree_core.cuh")
 MAX_BUDGET = 1024
 MAX_DEPTH = 64
+MAX_TOPK = 32767  # ranks are int16 in shared memory
 
 
 def csrc_dir() -> Path:
@@ -62,51 +67,36 @@ def is_available() -> bool:
         return False
     try:
         import sglang.kernels.jit.utils  # noqa: F401
-    except ImportError:
+    except Exception:  # SGLang's JIT runtime missing or broken here: use the torch builder
         return False
     return True
 
 
-@dataclass
-class DDTreeKernelOutput:
-    """Per request b, N = budget + 1 nodes (index 0 = root); all on the input's device.
+def supports(log_probs: torch.Tensor, budget: int) -> bool:
+    """Whether the kernel handles this draft (else callers use the torch builder)."""
+    if os.environ.get("SGLANG_DDTREE_DISABLE_KERNEL") == "1":  # debugging: force the torch path
+        return False
+    if not log_probs.is_cuda or budget > MAX_BUDGET or log_probs.dim() != 3:
+        return False
+    if log_probs.shape[1] > MAX_DEPTH or log_probs.shape[2] > MAX_TOPK:
+        return False
+    return is_available()
 
-    tokens, parents, depths, retrieve_index, retrieve_next_token, retrieve_next_sibling:
-    [bs, N] int64; positions: [bs * N] int64; node_weights: [bs, N] float64 (root 0.0,
-    padding -inf); tree_mask: [sum_b N * (prefix_len_b + N)] bool, FULL_MASK layout;
-    num_nodes: [bs] int64, real nodes per request including the root.
+
+@dataclass
+class DDTreeVerifyTensors:
+    """Verify inputs of a batch, N = budget + 1 slots per request (SGLang/EAGLE convention).
+
+    positions [bs * N] int64 (prefix_len + depth); retrieve_index [bs, N] int64 (b * N + i);
+    retrieve_next_token / retrieve_next_sibling [bs, N] int64 (local slots, -1 = none);
+    tree_mask [sum_b N * (prefix_len_b + N)] bool, FULL_MASK layout (True = may attend).
     """
 
-    tokens: torch.Tensor
-    parents: torch.Tensor
-    depths: torch.Tensor
     positions: torch.Tensor
     retrieve_index: torch.Tensor
     retrieve_next_token: torch.Tensor
     retrieve_next_sibling: torch.Tensor
-    node_weights: torch.Tensor
     tree_mask: torch.Tensor
-
-    @property
-    def num_nodes(self) -> torch.Tensor:
-        return (self.node_weights > float("-inf")).sum(dim=1)
-
-
-def _check_inputs(log_probs: torch.Tensor, token_ids: torch.Tensor, root_tokens: torch.Tensor,
-                  prefix_lens: torch.Tensor, budget: int) -> None:
-    if log_probs.dim() != 3 or token_ids.shape != log_probs.shape:
-        raise ValueError(f"expected log_probs and token_ids of shape [bs, L, K], got "
-                         f"{tuple(log_probs.shape)} and {tuple(token_ids.shape)}")
-    bs, depth, _ = log_probs.shape
-    if root_tokens.shape != (bs,) or prefix_lens.shape != (bs,):
-        raise ValueError(f"expected root_tokens and prefix_lens of shape [{bs}], got "
-                         f"{tuple(root_tokens.shape)} and {tuple(prefix_lens.shape)}")
-    if not 0 <= budget <= MAX_BUDGET:
-        raise ValueError(f"expected 0 <= budget <= {MAX_BUDGET}, got {budget}")
-    if depth > MAX_DEPTH:
-        raise ValueError(f"expected at most {MAX_DEPTH} draft depths, got {depth}")
-    if not log_probs.is_cuda:
-        raise ValueError("build_ddtree_cuda needs CUDA tensors; use ddtree_batched on CPU")
 
 
 def mask_offsets(prefix_lens: torch.Tensor, num_nodes: int) -> torch.Tensor:
@@ -115,30 +105,68 @@ def mask_offsets(prefix_lens: torch.Tensor, num_nodes: int) -> torch.Tensor:
     return torch.cumsum(sizes, dim=0) - sizes
 
 
-def build_ddtree_cuda(log_probs: torch.Tensor, token_ids: torch.Tensor, root_tokens: torch.Tensor,
-                      prefix_lens: torch.Tensor, budget: int, *,
-                      prefix_lens_sum: Optional[int] = None) -> DDTreeKernelOutput:
-    """Build the trees of a batch with one kernel launch.
+def _empty_tree(log_probs: torch.Tensor, budget: int) -> "DDTreeBatch":
+    from sglang.srt.speculative.ddtree_batched import DDTreeBatch, count_possible_nodes
 
-    log_probs [bs, L, K] (any float dtype; cast to float64, top-K sorted descending per depth),
-    token_ids [bs, L, K], root_tokens [bs], prefix_lens [bs]. Pass prefix_lens_sum (a host int,
-    as SGLang's batch keeps it) to size the mask without a device sync.
-    """
-    _check_inputs(log_probs, token_ids, root_tokens, prefix_lens, budget)
-    bs, device, n = log_probs.shape[0], log_probs.device, budget + 1
-    prefix_lens = prefix_lens.to(torch.int64).contiguous()
-    if prefix_lens_sum is None:
-        prefix_lens_sum = int(prefix_lens.sum().item())  # one sync; callers on hot paths pass it
-    new = functools.partial(torch.empty, device=device)
-    out = DDTreeKernelOutput(
-        tokens=new((bs, n), dtype=torch.int64), parents=new((bs, n), dtype=torch.int64),
-        depths=new((bs, n), dtype=torch.int64), positions=new((bs * n,), dtype=torch.int64),
-        retrieve_index=new((bs, n), dtype=torch.int64), retrieve_next_token=new((bs, n), dtype=torch.int64),
-        retrieve_next_sibling=new((bs, n), dtype=torch.int64), node_weights=new((bs, n), dtype=torch.float64),
-        tree_mask=new((n * prefix_lens_sum + bs * n * n,), dtype=torch.bool))
+    bs, depth, topk = log_probs.shape
+    shape, device = (bs, budget + 1), log_probs.device
+    return DDTreeBatch(
+        tokens=torch.empty(shape, dtype=torch.int64, device=device),
+        depths=torch.empty(shape, dtype=torch.int64, device=device),
+        parents=torch.empty(shape, dtype=torch.int64, device=device),
+        ranks=torch.empty(shape, dtype=torch.int64, device=device),
+        node_logws=torch.empty(shape, dtype=torch.float64, device=device),
+        num_nodes=torch.full((bs,), count_possible_nodes(depth, topk, budget) + 1, dtype=torch.int64, device=device),
+        budget=budget,
+    )
+
+
+def _launch(log_probs, token_ids, budget, root_tokens, tree, verify_args) -> None:
+    bs = log_probs.shape[0]
+    if root_tokens is None:
+        root_tokens = torch.full((bs,), -1, dtype=torch.int64, device=log_probs.device)
     _module().build_ddtree(
         log_probs.to(torch.float64).contiguous(), token_ids.to(torch.int64).contiguous(),
-        root_tokens.to(torch.int64).contiguous(), prefix_lens, mask_offsets(prefix_lens, n),
-        out.tokens, out.parents, out.depths, out.positions, out.retrieve_index, out.retrieve_next_token,
-        out.retrieve_next_sibling, out.node_weights, out.tree_mask, budget)
-    return out
+        root_tokens.to(torch.int64).contiguous(), tree.tokens, tree.depths, tree.parents, tree.ranks,
+        tree.node_logws, *verify_args, budget)
+
+
+def build_tree_cuda(log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int,
+                    root_tokens: Optional[torch.Tensor] = None) -> "DDTreeBatch":
+    """The ddtree_batched.DDTreeBatch of a CUDA batch, one launch, no host sync.
+
+    log_probs [bs, L, K] float (cast to float64), token_ids [bs, L, K] int32/int64, root_tokens
+    [bs] or None (-1). Inputs are assumed checked by ddtree_batched (shapes, values).
+    """
+    tree = _empty_tree(log_probs, budget)
+    none = torch.empty(0, dtype=torch.int64, device=log_probs.device)
+    _launch(log_probs, token_ids, budget, root_tokens, tree, (none,) * 6 + (none.bool(),))
+    return tree
+
+
+def build_tree_and_verify_cuda(log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int,
+                               root_tokens: Optional[torch.Tensor], prefix_lens: torch.Tensor, *,
+                               prefix_lens_sum: Optional[int] = None) -> tuple["DDTreeBatch", DDTreeVerifyTensors]:
+    """Tree plus verify inputs (positions, retrieve arrays, FULL_MASK) in one launch.
+
+    prefix_lens [bs] int: tokens already in the KV cache per request. Pass prefix_lens_sum (a
+    host int, as SGLang's batch keeps it) to size the mask without a device sync.
+    """
+    if not 0 <= budget <= MAX_BUDGET:
+        raise ValueError(f"expected 0 <= budget <= {MAX_BUDGET}, got {budget}")
+    bs, device, n = log_probs.shape[0], log_probs.device, budget + 1
+    if prefix_lens.shape != (bs,):
+        raise ValueError(f"expected prefix_lens of shape [{bs}], got {tuple(prefix_lens.shape)}")
+    prefix_lens = prefix_lens.to(device=device, dtype=torch.int64).contiguous()
+    if prefix_lens_sum is None:
+        prefix_lens_sum = int(prefix_lens.sum().item())  # one sync; hot paths pass it in
+    tree = _empty_tree(log_probs, budget)
+    new = functools.partial(torch.empty, dtype=torch.int64, device=device)
+    verify = DDTreeVerifyTensors(
+        positions=new((bs * n,)), retrieve_index=new((bs, n)), retrieve_next_token=new((bs, n)),
+        retrieve_next_sibling=new((bs, n)),
+        tree_mask=torch.empty((n * prefix_lens_sum + bs * n * n,), dtype=torch.bool, device=device))
+    _launch(log_probs, token_ids, budget, root_tokens, tree,
+            (prefix_lens, mask_offsets(prefix_lens, n), verify.positions, verify.retrieve_index,
+             verify.retrieve_next_token, verify.retrieve_next_sibling, verify.tree_mask))
+    return tree, verify

@@ -140,31 +140,39 @@ DDTREE_HD void link_nodes(const Nodes& nodes, int count, int N, int32_t* last_ch
   }
 }
 
-// The per-node outputs of node i (< N). Slots past `count` are padding: token 0, parent -1,
-// depth 0, position = prefix_len, weight -inf, retrieve_index still global (b * N + i).
-DDTREE_HD void write_node(const Nodes& nodes, int i, int count, int N, int64_t b, int K, const int64_t* ids,
-                          int64_t root_token, int64_t prefix_len, int64_t* tokens, int64_t* parents,
-                          int64_t* depths, int64_t* positions, int64_t* retrieve_index, double* weights) {
-  const bool real = i <= count;
-  const int d = real ? nodes.depth[i] : 0;
-  if (i == 0) {
-    tokens[0] = root_token;
-  } else {
-    tokens[i] = real ? ids[(d - 1) * K + nodes.rank[i]] : 0;
+// The builder outputs of slot i (< N), the ddtree_batched.DDTreeBatch contract: slots past
+// `count` are padding (token, depth, parent, rank -1; weight -inf); slot 0 is the root
+// (root_token, depth 0, parent -1, rank -1, weight 0.0).
+DDTREE_HD void write_node(const Nodes& nodes, int i, int count, int K, const int64_t* ids, int64_t root_token,
+                          int64_t* tokens, int64_t* depths, int64_t* parents, int64_t* ranks, double* weights) {
+  if (i > count) {
+    tokens[i] = depths[i] = parents[i] = ranks[i] = -1;
+    weights[i] = -__builtin_huge_val();
+    return;
   }
-  parents[i] = real ? nodes.parent[i] : -1;
+  const int d = nodes.depth[i];
+  tokens[i] = i == 0 ? root_token : ids[(d - 1) * K + nodes.rank[i]];
   depths[i] = d;
-  positions[i] = prefix_len + d;
+  parents[i] = nodes.parent[i];
+  ranks[i] = nodes.rank[i];
+  weights[i] = nodes.weight[i];
+}
+
+// Verify position and global retrieve index of slot i. Padding slots sit at the root's
+// position (prefix_len) and keep their global index b * N + i.
+DDTREE_HD void write_verify_slot(const Nodes& nodes, int i, int count, int N, int64_t b, int64_t prefix_len,
+                                 int64_t* positions, int64_t* retrieve_index) {
+  positions[i] = prefix_len + (i <= count ? nodes.depth[i] : 0);
   retrieve_index[i] = b * N + i;
-  weights[i] = real ? nodes.weight[i] : -__builtin_huge_val();
 }
 
 // Tree columns of mask row i: node i sees the root, its ancestors and itself. `row` points at
-// the row's first tree column (after the prefix). Padding rows see only the root.
+// the row's first tree column (after the prefix). A padding row sees the root and itself
+// (never an empty row).
 DDTREE_HD void write_mask_row(const Nodes& nodes, int i, int count, int N, bool* row) {
   for (int j = 0; j < N; ++j) row[j] = false;
   if (i > count) {
-    row[0] = true;
+    row[0] = row[i] = true;
     return;
   }
   for (int n = i; n >= 0; n = nodes.parent[n]) row[n] = true;
