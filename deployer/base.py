@@ -130,7 +130,9 @@ def build_base(version: str = SGLANG_VERSION, *, wheel: Path | None = None) -> P
     try:
         unpack_package(wheel, tmp)
         commit_tree(tmp, version)
-        if final.exists():
+        if final.is_symlink():  # a linked-in shared base: replace the link, never its target
+            final.unlink()
+        elif final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
     finally:
@@ -152,17 +154,23 @@ def fetch_base(version: str = SGLANG_VERSION, *, rebuild: bool = False) -> Base:
     return ensure_base(version, rebuild=rebuild)
 
 
-def clone_base(dest: Path, version: str = SGLANG_VERSION, *, source: Path | None = None) -> Path:
+def clone_base(dest: Path, version: str = SGLANG_VERSION, *, source: Path | None = None,
+               checkout: bool = True) -> Path:
     """A fresh, full (not shallow) clone of the base at dest: a checkout to deploy onto.
 
     `source` clones another repository instead (a host checkout, a test's altered base); it is
-    only read, never modified."""
+    only read, never modified. `checkout=False` makes a cheap scratch clone for index-only work
+    (`git apply --cached`): objects shared with the source, the index read from HEAD, no files
+    written; it must not outlive the source."""
     origin = source if source is not None else ensure_base(version).path
     if not (Path(origin) / ".git").exists():
         raise BaseTreeError(f"{origin} is not a git checkout to clone")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["git", "clone", "-q", str(origin), str(dest)], capture_output=True, text=True,
+    extra = [] if checkout else ["--no-checkout", "--shared"]
+    proc = subprocess.run(["git", "clone", "-q", *extra, str(origin), str(dest)], capture_output=True, text=True,
                           env=git_env())
     if proc.returncode != 0:
         raise BaseTreeError(f"cannot clone {origin} into {dest}: {proc.stderr.strip()}")
+    if not checkout:
+        git(dest, "read-tree", "HEAD")
     return dest

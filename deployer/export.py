@@ -23,7 +23,7 @@ import yaml
 from .base import Base, clone_base, ensure_base
 from .concerns import HUNKS_DIR, Concern, Overlay, assign_files, load_overlay
 from .errors import PatchSetError, UsageError
-from .gitutil import FIXED_IDENTITY, git
+from .gitutil import FIXED_IDENTITY, git, git_out
 from .pathsafety import patch_paths
 from .setdiff import compare_patch
 from .patchset import VERSION_RE, list_versions, load_patch_set, next_version, sha256_bytes
@@ -92,23 +92,30 @@ def check_hunk_files(overlay: Overlay) -> None:
 
 
 def copy_new_files(overlay: Overlay, files: list[str], work: Path) -> None:
-    """New files are kept whole; only the executable bit of the mode is carried over."""
+    """New files are kept whole (only the executable bit of the mode is carried over) and staged.
+
+    The scratch clone has no checkout: only these files are written, everything else stays in
+    the index."""
+    if not files:
+        return
+    shadowed = git_out(work, "ls-files", "--", *files, env=EXPORT_ENV).splitlines()
+    if shadowed:
+        raise PatchSetError(f"overlay file {shadowed[0]} already exists in SGLang; change it with a hunk "
+                            f"under {HUNKS_DIR}/ instead of a full copy")
     for rel in files:
         src, dst = overlay.path / rel, work / rel
-        if dst.exists() or dst.is_symlink():
-            raise PatchSetError(f"overlay file {rel} already exists in SGLang; change it with a hunk "
-                                f"under {HUNKS_DIR}/ instead of a full copy")
         dst.parent.mkdir(parents=True, exist_ok=True)
         dst.write_bytes(src.read_bytes())
         dst.chmod(0o755 if os.access(src, os.X_OK) else 0o644)
+    git(work, "add", "-f", "--", *files, env=EXPORT_ENV)
 
 
 def apply_hunks(overlay: Overlay, concern: Concern, work: Path) -> None:
-    """Apply the concern's hunk files strictly (exact context, no fuzz) to the index and tree."""
+    """Apply the concern's hunk files strictly (exact context, no fuzz) to the index."""
     for rel in concern.hunks:
         data = (overlay.path / rel).read_bytes()
         patch_paths(data, patch=rel)  # refuse unsafe paths before git sees them
-        proc = git(work, "apply", "--index", "--whitespace=nowarn", "-", input=data, check=False,
+        proc = git(work, "apply", "--cached", "--whitespace=nowarn", "-", input=data, check=False,
                    env=EXPORT_ENV)
         if proc.returncode != 0:
             err = proc.stderr.decode(errors="replace").strip().splitlines()
@@ -120,8 +127,6 @@ def commit_concern(overlay: Overlay, concern: Concern, files: list[str], work: P
     """Stage and commit one concern; False when it has nothing to commit."""
     copy_new_files(overlay, files, work)
     apply_hunks(overlay, concern, work)
-    if files:
-        git(work, "add", "-f", "--", *files, env=EXPORT_ENV)
     if git(work, "diff", "--cached", "--quiet", check=False, env=EXPORT_ENV).returncode == 0:
         return False
     git(work, "commit", "-q", "--no-verify", "--allow-empty-message", "-F", "-",
@@ -140,7 +145,7 @@ def build_patches(overlay: Overlay, base: Base, scratch: Path) -> tuple[list[Bui
     """Commit each concern on a fresh clone of the base; return the patches and the skipped ids."""
     owned = assign_files(overlay)
     check_hunk_files(overlay)
-    work = clone_base(scratch / "work", base.version, source=base.path)
+    work = clone_base(scratch / "work", base.version, source=base.path, checkout=False)
     committed, skipped = [], []
     for index, concern in enumerate(overlay.concerns, start=1):
         if commit_concern(overlay, concern, owned[concern.id], work):

@@ -24,9 +24,11 @@ from .gitutil import git, git_out
 from .patchset import Patch, PatchSet
 
 CLEAN, CONFLICT, NOT_REACHED = "clean", "conflict", "not reached"
-_APPLY_ARGS = ("apply", "--whitespace=nowarn")
+# Index-only: the scratch clone has no checkout until the tests need one; same strict matching.
+_APPLY_ARGS = ("apply", "--cached", "--whitespace=nowarn")
 _ERROR_SUFFIXES = (": patch does not apply", ": already exists in working directory",
-                   ": does not exist in index", ": No such file or directory", ": wrong type",
+                   ": does not exist in index", ": already exists in index", ": No such file or directory",
+                   ": wrong type",
                    ": does not match index")
 
 
@@ -106,11 +108,8 @@ def apply_series(work: Path, ps: PatchSet) -> list[PatchResult]:
     return results
 
 
-def snapshot(work: Path, message: str) -> str:
-    """Commit the work tree as it is (a throw-away commit in the clone); its tree hash."""
-    git(work, "add", "-A", "-f", env=EXPORT_ENV)
-    git(work, "commit", "-q", "--no-verify", "--allow-empty", "-m", message, env=EXPORT_ENV)
-    return git_out(work, "rev-parse", "HEAD^{tree}")
+def index_tree(work: Path) -> str:
+    return git_out(work, "write-tree")
 
 
 def reverse_series(work: Path, ps: PatchSet, base_tree: str) -> tuple[bool, str]:
@@ -121,10 +120,16 @@ def reverse_series(work: Path, ps: PatchSet, base_tree: str) -> tuple[bool, str]
             err = proc.stderr.decode(errors="replace").strip().splitlines()
             return False, f"{patch.name} is not applied ({err[0] if err else 'git apply -R --check failed'})"
         git(work, *_APPLY_ARGS, "-R", "-", input=patch.data, env=EXPORT_ENV)
-    tree = snapshot(work, "reversed")
+    tree = index_tree(work)
     if tree != base_tree:
         return False, f"reversing the series gives tree {tree}, not the base tree {base_tree}"
     return True, ""
+
+
+def check_out(work: Path, tree: str) -> None:
+    """Write the patched tree's files into the (so far empty) work tree of the clone."""
+    git(work, "read-tree", tree)
+    git(work, "checkout-index", "-a", "-f")
 
 
 def run_overlay_tests(work: Path, ps: PatchSet, timeout: float) -> tuple[TestRun | None, str]:
@@ -159,16 +164,15 @@ def verify_patch_set(ps: PatchSet, *, against: Path | None = None, run_tests: bo
     else:
         source, desc = against, str(against)
     with tempfile.TemporaryDirectory(prefix="ddeploy-verify-") as tmp:
-        work = clone_base(Path(tmp) / "sglang", ps.base_version or "0.5.23", source=source)
-        start_tree = git_out(work, "rev-parse", "HEAD^{tree}")
+        work = clone_base(Path(tmp) / "sglang", ps.base_version or "0.5.23", source=source, checkout=False)
+        start_tree = index_tree(work)
         report = VerifyReport(ps.ident, desc, apply_series(work, ps))
         if report.conflict is not None:
             return report
-        snapshot(work, f"{ps.ident} applied")
-        patched = git_out(work, "rev-parse", "HEAD")
+        patched = index_tree(work)
         report.reversed_ok, report.reverse_detail = reverse_series(work, ps, start_tree)
-        git(work, "reset", "-q", "--hard", patched, env=EXPORT_ENV)  # back to the patched tree for the tests
         if run_tests:
+            check_out(work, patched)
             report.tests, report.tests_note = run_overlay_tests(work, ps, tests_timeout)
         else:
             report.tests_note = "overlay tests skipped (--no-tests)"
