@@ -89,3 +89,11 @@ def run_cli(*args: str, inventory: Path | None = None) -> Result:
 @pytest.fixture
 def ddeploy(hosts):
     return lambda *args: run_cli(*args, inventory=hosts.inventory_dir)
+
+
+@pytest.fixture(scope="session")
+def patch_sets(tmp_path_factory, _isolated_cache):
+    """{"v1": Path, "v2": Path}: small patch-set directories (see sshd_hosts.build_test_patch_sets)."""
+    from sshd_hosts import build_test_patch_sets
+
+    return build_test_patch_sets(tmp_path_factory.mktemp("sets"))

@@ -268,3 +268,71 @@ class SshdFleet:
     def close(self) -> None:
         for h in self.hosts:
             h.stop()
+
+
+# ---------------------------------------------------------------- small patch sets for tests
+def make_patch_set(dest: Path, version: str, concerns: list[tuple[str, dict[str, str | None]]], *,
+                   base_path: Path | None = None) -> Path:
+    """A released-style patch set at dest (series, manifest.yaml with sha256s, git format-patch
+    patches against the pristine base). Each concern maps repo paths to their new full content
+    (None deletes); a "+=" prefix appends to the base content: {"python/sglang/version.py": "+=# x\\n"}."""
+    import hashlib
+
+    from deployer.base import ensure_base
+    from deployer.gitutil import FIXED_IDENTITY
+
+    base = ensure_base()
+    work = dest.parent / f".{dest.name}-work"
+    # Plumbing on a no-checkout clone: no work tree of 5,000+ files to write.
+    subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", str(base_path or base.path), str(work)],
+                   check=True)
+    env = {**os.environ, **FIXED_IDENTITY}
+
+    def git(*args: str, input: bytes | None = None) -> str:
+        return subprocess.run(["git", "-C", str(work), *args], check=True, env=env, input=input,
+                              capture_output=True).stdout.decode().strip()
+
+    git("read-tree", "HEAD")
+    for concern, files in concerns:
+        for rel, content in files.items():
+            if content is None:
+                git("update-index", "--force-remove", rel)
+                continue
+            old = git("show", f"HEAD:{rel}") + "\n" if content.startswith("+=") else ""
+            blob = git("hash-object", "-w", "--stdin", input=(old + content.removeprefix("+=")).encode())
+            git("update-index", "--add", "--cacheinfo", f"100644,{blob},{rel}")
+        commit = git("commit-tree", git("write-tree"), "-p", "HEAD", "-m", concern)
+        git("update-ref", "HEAD", commit)
+    dest.mkdir(parents=True)
+    subprocess.run(["git", "-C", str(work), "format-patch", "-q", "--no-signature", "--zero-commit",
+                    "-o", str(dest), base.commit], check=True, env=env)
+    entries = []
+    for i, (concern, _files) in enumerate(concerns, 1):
+        produced = sorted(dest.glob(f"{i:04d}-*.patch"))[0]
+        final = dest / f"{i:04d}-{concern}.patch"
+        produced.rename(final)
+        entries.append({"name": final.name, "concern": concern,
+                        "sha256": hashlib.sha256(final.read_bytes()).hexdigest(), "files": sorted(_files)})
+    (dest / "series").write_text("".join(e["name"] + "\n" for e in entries))
+    manifest = {"name": "ddtree", "version": version, "created": "2026-11-29",
+                "base": {"sglang": base.version, "tree": base.tree}, "patches": entries}
+    (dest / "manifest.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    shutil.rmtree(work)
+    return dest
+
+
+STUB = "python/sglang/srt/speculative/ddtree_stub.py"
+VERSION_PY = "python/sglang/version.py"
+INIT_PY = "python/sglang/__init__.py"
+
+
+def build_test_patch_sets(root: Path) -> dict[str, Path]:
+    """v1 (0.1.0): two patches (a new file, an edit); v2 (0.2.0): three (also edits __init__.py)."""
+    v1 = make_patch_set(root / "0.1.0", "0.1.0", [
+        ("builder", {STUB: "VERSION = 1\n"}),
+        ("wiring", {VERSION_PY: "+=# ddtree 0.1.0\n"})])
+    v2 = make_patch_set(root / "0.2.0", "0.2.0", [
+        ("builder", {STUB: "VERSION = 2\n"}),
+        ("wiring", {VERSION_PY: "+=# ddtree 0.2.0\n"}),
+        ("extra", {INIT_PY: "+=# ddtree 0.2.0 extra\n"})])
+    return {"v1": v1, "v2": v2}

@@ -1,0 +1,50 @@
+"""Talk to the host-side agent (deployer/remote/agent.py): one JSON request in, one JSON result out.
+
+The agent is stdlib-only and runs with the host's inventory `python` as `python -c <source> OP`, so
+nothing has to be installed on a host and client and agent can never be out of step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import errors
+from ..connection import Connection
+from ..inventory import Host
+
+AGENT_PATH = Path(__file__).with_name("agent.py")
+MAX_SOURCE = 100_000  # one argv word may be at most 128 KiB on Linux
+
+
+def agent_source() -> str:
+    src = AGENT_PATH.read_text()
+    assert len(src) < MAX_SOURCE, "agent.py grew past what fits in one argv word"
+    return src
+
+
+def error_for(kind: str, message: str, host: str) -> errors.DeployError:
+    """The agent names a deployer.errors class; unknown names become RemoteCommandError."""
+    cls = getattr(errors, kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, errors.DeployError)):
+        cls = errors.RemoteCommandError
+    return cls(message, host=host)
+
+
+def call_agent(conn: Connection, host: Host, op: str, request: dict[str, Any], *,
+               stream: Callable[[str], None] | None = None, timeout: float | None = None) -> dict[str, Any]:
+    """Run one agent operation on the host; returns its result or raises the error it reported."""
+    req = {"op": op, "checkout": host.checkout, **request}
+    res = conn.run([host.python, "-c", agent_source(), op], input=json.dumps(req).encode(), check=False,
+                   stream=stream, timeout=timeout)
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+    if res.rc != 0 or not lines:
+        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        raise errors.RemoteCommandError(f"the ddeploy agent ({host.python}) failed with exit {res.rc}: {last}; "
+                                        f"check `python` in the inventory (Python >= 3.8 needed)", host=host.name)
+    result = json.loads(lines[-1])
+    if not result.get("ok"):
+        err = result.get("error") or {}
+        raise error_for(str(err.get("kind")), str(err.get("message", "unknown agent error")), host.name)
+    return result

@@ -1,0 +1,111 @@
+"""push / status / rollback / log on real sshd hosts, asserting the hosts' git state and files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sshd_hosts import INIT_PY, STUB, VERSION_PY
+
+pytestmark = pytest.mark.sshd
+
+
+def snapshot(h) -> dict:
+    """Everything a no-op must leave alone: all refs, HEAD, index and work tree state."""
+    return {"refs": h.git("for-each-ref", "--format=%(objectname) %(refname)"), "head": h.git("rev-parse", "HEAD"),
+            "status": h.git("status", "--porcelain", "--untracked-files=all"),
+            "index": (h.checkout / ".git" / "index").read_bytes()}
+
+
+def test_push_applies_one_commit_per_patch_and_records_state(hosts, ddeploy, patch_sets):
+    h1 = hosts.hosts[0]
+    r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"]), "--json")
+    assert r.code == 0, r.stderr
+    assert (h1.checkout / STUB).read_text() == "VERSION = 1\n"
+    assert (h1.checkout / VERSION_PY).read_text().endswith("# ddtree 0.1.0\n")
+    assert h1.git("status", "--porcelain") == ""
+    assert h1.git("rev-parse", "HEAD~2") == hosts.base_commit
+    assert h1.git("log", "--format=%s", "-2").splitlines() == ["ddtree 0.1.0: 0002-wiring.patch",
+                                                              "ddtree 0.1.0: 0001-builder.patch"]
+    assert h1.git("symbolic-ref", "--short", "HEAD") == "main"
+    state = json.loads(h1.git("cat-file", "blob", "refs/ddeploy/state:state.json"))
+    assert state["applied"]["version"] == "0.1.0" and state["applied"]["head"] == h1.git("rev-parse", "HEAD")
+    assert state["pre_deploy"]["commit"] == hosts.base_commit
+    [res] = json.loads(r.stdout)
+    assert res["host"] == "h1" and res["ok"] and res["changed"]
+    assert "[h1] switching the checkout to ddtree 0.1.0" in r.stderr
+    assert "applied ddtree 0.1.0" in r.stderr
+
+
+def test_second_push_of_the_same_version_writes_nothing(hosts, ddeploy, patch_sets):
+    h1 = hosts.hosts[0]
+    assert ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"])).code == 0
+    before = snapshot(h1)
+    r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"]), "--json")
+    assert r.code == 0, r.stderr
+    assert "already applied" in r.stderr
+    assert json.loads(r.stdout)[0]["changed"] is False
+    assert snapshot(h1) == before
+
+
+def test_dry_run_and_plan_write_nothing(hosts, ddeploy, patch_sets):
+    h1 = hosts.hosts[0]
+    before = snapshot(h1)
+    r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"]), "--dry-run", "--json")
+    assert r.code == 0, r.stderr
+    plan = json.loads(r.stdout)[0]["data"]["plan"]
+    assert plan["action"] == "apply" and [p["ok"] for p in plan["patches"]] == [True, True]
+    assert "would apply ddtree 0.1.0 (2 patches, 2 files)" in r.stderr
+    r = ddeploy("plan", "--host", "h1", "--version", str(patch_sets["v2"]))
+    assert r.code == 0 and "would apply ddtree 0.2.0 (3 patches, 3 files)" in r.stderr
+    assert snapshot(h1) == before
+    assert not (h1.checkout / ".git" / "ddeploy").exists()
+
+
+def test_status_shows_version_drift_lock_and_other_sections(hosts, ddeploy, patch_sets):
+    h2 = hosts.hosts[1]
+    assert ddeploy("push", "--host", "h2", "--version", str(patch_sets["v1"])).code == 0
+    (h2.checkout / VERSION_PY).write_text("edited by hand\n")
+    r = ddeploy("status", "--host", "h1", "--host", "h2", "--json")
+    assert r.code == 0, r.stderr
+    rows = {x["host"]: x["data"] for x in json.loads(r.stdout)}
+    assert rows["h1"]["applied"] == "none" and rows["h1"]["drift"] == "none"
+    assert rows["h2"]["applied"] == "ddtree 0.1.0" and rows["h2"]["drift_files"] == [VERSION_PY]
+    assert rows["h2"]["builds"] == "-" and rows["h2"]["tests"] == "-"
+    assert "reachable" in r.stderr and "ddtree 0.1.0" in r.stderr
+
+
+def test_rollback_returns_exactly_to_the_base(hosts, ddeploy, patch_sets):
+    h1 = hosts.hosts[0]
+    assert ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"])).code == 0
+    r = ddeploy("rollback", "--host", "h1")
+    assert r.code == 0, r.stderr
+    assert h1.git("rev-parse", "HEAD^{tree}") == hosts.base_tree
+    assert h1.git("rev-parse", "HEAD") == hosts.base_commit
+    assert h1.git("status", "--porcelain", "--untracked-files=all") == ""
+    assert not (h1.checkout / STUB).exists()
+    r = ddeploy("rollback", "--host", "h1")
+    assert r.code == 0 and "nothing to roll back" in r.stderr
+    log = ddeploy("log", "--host", "h1", "--json")
+    messages = [e["message"] for e in json.loads(log.stdout)[0]["data"]["entries"]]
+    assert messages[0].startswith("rollback 0.1.0 -> pre-deploy") and messages[1].startswith("push ddtree 0.1.0")
+
+
+def test_v2_over_v1_then_rollback_to_v1_and_to_base(hosts, ddeploy, patch_sets):
+    h1 = hosts.hosts[0]
+    assert ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"])).code == 0
+    v1_tree = h1.git("rev-parse", "HEAD^{tree}")
+    r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v2"]))
+    assert r.code == 0 and "applied ddtree 0.2.0 over 0.1.0" in r.stderr
+    assert (h1.checkout / STUB).read_text() == "VERSION = 2\n"
+    assert (h1.checkout / INIT_PY).read_text().endswith("# ddtree 0.2.0 extra\n")
+    assert "0.1.0" not in (h1.checkout / VERSION_PY).read_text()
+    assert h1.git("rev-parse", "HEAD~3") == hosts.base_commit  # v2 is built on the pre-deploy commit
+    r = ddeploy("rollback", "--host", "h1", "--to", "0.1.0")
+    assert r.code == 0, r.stderr
+    assert h1.git("rev-parse", "HEAD^{tree}") == v1_tree
+    assert not (h1.checkout / INIT_PY).read_text().endswith("extra\n")
+    assert h1.git("status", "--porcelain", "--untracked-files=all") == ""
+    assert ddeploy("rollback", "--host", "h1").code == 0
+    assert h1.git("rev-parse", "HEAD^{tree}") == hosts.base_tree
