@@ -17,10 +17,10 @@ from ..inventory import Host, Inventory
 from . import validate
 from .engine import ENV_TEMPLATE, SCRIPT_TEMPLATE, environment, render_template
 from .profiles import Profiles, load_profiles
-from .values import Value, parse_sets, plain, resolve
+from .values import Value, host_facts, parse_sets, plain, resolve
 
 __all__ = ["RenderedUnit", "render_plan", "render_all", "write_units", "explain_rows", "load_profiles",
-           "parse_sets", "Value"]
+           "parse_sets", "Value", "launch_dir_for"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,12 @@ def render_plan(hosts: list[Host], topology: str, sets: list[str] | tuple[str, .
                                       render_template(env, SCRIPT_TEMPLATE, ctx), render_template(env, ENV_TEMPLATE, ctx),
                                       tuple(all_values[k] for k in sorted(all_values))))
     return units
+
+
+def launch_dir_for(host: Host, sets: list[str] | tuple[str, ...] = ()) -> str:
+    """Where launch scripts, logs and the launch record live on the host (no topology needed)."""
+    pairs = dict(parse_sets(sets))
+    return str(pairs.get("launch_dir") or host.vars.get("launch_dir") or host_facts(host)["launch_dir"])
 
 
 def explain_rows(units: list[RenderedUnit]) -> list[list[str]]:

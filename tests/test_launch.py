@@ -1,0 +1,130 @@
+"""`ddeploy launch | logs | stop` on real OpenSSH test hosts, with a stand-in for the server
+(`--set server_command=...`): the script, env file and log land next to the checkout, the recorded
+pid is the server's, and stop ends exactly that process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.sshd
+
+STAND_IN = "import sys, time; print('stand-in server', *sys.argv[1:3], flush=True); time.sleep(300)"
+STUBBORN = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "print('stubborn server', flush=True); time.sleep(300)")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def _launch_dir(host) -> Path:
+    path = host.checkout.parent / "ddeploy-launch"
+    shutil.rmtree(path, ignore_errors=True)  # launch state lives outside the checkout the fixture resets
+    return path
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def test_launch_starts_detached_logs_show_output_and_stop_ends_exactly_that_process(ddeploy, hosts):
+    h1 = hosts.host("h1")
+    launch_dir = _launch_dir(h1)
+    server = shlex.join([sys.executable, "-c", STAND_IN])
+    r = ddeploy("launch", "--host", "h1", "-t", "tp8", "--set", f"server_command={server}")
+    assert r.code == 0, r.stderr
+    record = json.loads((launch_dir / "launch.json").read_text())
+    (unit,) = record["units"]
+    pid = unit["pid"]
+    assert record["topology"] == "tp8" and record["state"] == "running" and f"(pid {pid})" in r.stderr
+    assert stat_mode(launch_dir / "tp8" / "h1-tp8.sh") == 0o755 and (launch_dir / "tp8" / "h1-tp8.env").is_file()
+    # bash exec'd the server: the recorded pid runs our command, leading its own session
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    assert cmdline[:3] == [sys.executable.encode(), b"-c", STAND_IN.encode()] and os.getsid(pid) == pid
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert b"CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7" in environ and b"NCCL_P2P_DISABLE=1" in environ  # env file sourced
+    twin = subprocess.Popen([c.decode() for c in cmdline], stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert _wait_for(lambda: "stand-in server --model-path moonshotai/Kimi-K2.6" in
+                         ddeploy("logs", "--host", "h1", "-n", "5").stdout)
+        again = ddeploy("launch", "--host", "h1", "-t", "tp8", "--set", f"server_command={server}")
+        assert again.code == 7 and f"still running (pid {pid})" in again.stderr
+        r = ddeploy("stop", "--host", "h1")
+        assert r.code == 0 and f"h1-tp8 (pid {pid}): terminated" in r.stderr
+        assert _wait_for(lambda: not _alive(pid), 5)
+        assert twin.poll() is None, "a process with the same command line was stopped too"
+        r = ddeploy("stop", "--host", "h1")
+        assert r.code == 7 and "nothing to stop: last launch tp8 was stopped at" in r.stderr
+        assert "stand-in server" in ddeploy("logs", "--host", "h1").stdout  # the log outlives the server
+    finally:
+        twin.kill()
+        twin.wait()
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_stop_kills_a_server_that_ignores_term_and_a_reused_pid_is_left_alone(ddeploy, hosts):
+    h2 = hosts.host("h2")
+    launch_dir = _launch_dir(h2)
+    server = shlex.join([sys.executable, "-c", STUBBORN])
+    r = ddeploy("launch", "--host", "h2", "-t", "ep4", "--set", f"server_command={server}")
+    assert r.code == 0, r.stderr
+    record = json.loads((launch_dir / "launch.json").read_text())
+    pids = [u["pid"] for u in record["units"]]
+    assert [u["name"] for u in record["units"]] == ["h2-ep4-r0", "h2-ep4-r1"] and all(map(_alive, pids))
+    try:
+        # a record whose start time does not match (pid reused by someone else) is never signalled
+        forged = {**record, "units": [{**record["units"][0], "starttime": "1"}]}
+        (launch_dir / "launch.json").write_text(json.dumps(forged))
+        r = ddeploy("stop", "--host", "h2")
+        assert r.code == 7 and "nothing to stop" in r.stderr and all(map(_alive, pids))
+        (launch_dir / "launch.json").write_text(json.dumps(record))
+        r = ddeploy("stop", "--host", "h2", "--grace", "1")
+        assert r.code == 0 and r.stderr.count(": killed") == 2, r.stderr
+        assert _wait_for(lambda: not any(map(_alive, pids)), 5)
+    finally:
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_launch_dry_run_touches_nothing_and_logs_without_launch_is_a_clear_error(ddeploy, hosts):
+    launch_dir = _launch_dir(hosts.host("h3"))
+    r = ddeploy("launch", "--host", "h3", "-t", "tp8", "--dry-run")
+    assert r.code == 0 and f"would copy h3-tp8.sh + h3-tp8.env to {launch_dir}/tp8/" in r.stderr
+    assert not launch_dir.exists()
+    r = ddeploy("logs", "--host", "h3")
+    assert r.code == 7 and "nothing was launched here" in r.stderr
+
+
+def test_a_server_that_exits_at_once_fails_the_launch_with_its_log(ddeploy, hosts):
+    launch_dir = _launch_dir(hosts.host("h3"))
+    crash = shlex.join([sys.executable, "-c", "import sys; print('bad flag --tp-sise'); sys.exit(3)"])
+    r = ddeploy("launch", "--host", "h3", "-t", "tp8", "--set", f"server_command={crash}")
+    assert r.code == 6 and "[h3] h3-tp8 exited right after start:" in r.stderr and "bad flag --tp-sise" in r.stderr
+    assert json.loads((launch_dir / "launch.json").read_text())["units"][0]["name"] == "h3-tp8"
+    r = ddeploy("stop", "--host", "h3")
+    assert r.code == 7 and "last launch tp8 has exited" in r.stderr
+
+
+def stat_mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
