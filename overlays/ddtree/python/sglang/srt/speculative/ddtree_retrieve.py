@@ -15,7 +15,7 @@ Conventions (those of SGLang's EAGLE tree kernels, ``build_tree_kernel_efficient
     allows the prefix, the root and itself (never empty).
   * tree-only mask        bool  [bs, N, N]: the last N columns of each FULL_MASK block
     (SGLang's QLEN_ONLY layout is its flattening, ``.reshape(-1)``).
-Single trees: pass parents of shape [N] (or [1, N]) and index the batch dimension away.
+Single trees: pass parents of shape [N]; retrieve arrays come back [N], the tree mask [N, N].
 """
 
 from __future__ import annotations
@@ -50,11 +50,13 @@ def compile_ddtree_retrieve(
 ) -> DDTreeRetrieve:
     """Retrieve arrays from parent pointers.
 
-    parents:    int64 [bs, N] or [N]; root -1, node i's parent < i, padding -1.
+    parents:    int64 [bs, N] or [N] (a single tree: the arrays come back [N]); root -1,
+                node i's parent < i, padding -1.
     node_logws: optional float [bs, N] or [N] path log-weights; orders siblings by weight
                 descending (ties by slot). Without it siblings follow slot order, which is
                 the same order for trees from the DDTree builders.
     """
+    single = isinstance(parents, torch.Tensor) and parents.dim() == 1
     parents = _as_batch(parents)
     check_tree_tensors(parents)
     if node_logws is not None:
@@ -80,7 +82,10 @@ def compile_ddtree_retrieve(
     target = torch.where(first, par_sorted, n)
     next_token = torch.full((bs, n + 1), -1, dtype=torch.int64, device=device)
     next_token.scatter_(1, target, torch.where(first, order, -1))
-    return DDTreeRetrieve(retrieve_index, next_token[:, :n].contiguous(), next_sibling)
+    result = DDTreeRetrieve(retrieve_index, next_token[:, :n].contiguous(), next_sibling)
+    if single:
+        return DDTreeRetrieve(*(t[0] for t in (result.retrieve_index, result.retrieve_next_token, result.retrieve_next_sibling)))
+    return result
 
 
 def _sibling_order(parents: torch.Tensor, node_logws: Optional[torch.Tensor]) -> torch.Tensor:
@@ -108,8 +113,11 @@ def ddtree_positions(depths: torch.Tensor, prefix_lens: torch.Tensor) -> torch.T
 def ddtree_ancestor_mask(parents: torch.Tensor, validate: bool = True) -> torch.Tensor:
     """Tree-only mask bool [bs, N, N]: [b, i, j] True iff j is i, an ancestor of i, or the root.
 
-    Pointer doubling: ceil(log2 N) rounds of [bs, N, N] ops, no host reads.
+    A single tree, parents [N], gives [N, N]. Pointer doubling: ceil(log2 N) rounds of
+    [bs, N, N] ops, no host reads.
     """
+    if isinstance(parents, torch.Tensor) and parents.dim() == 1:
+        return ddtree_ancestor_mask(parents[None], validate)[0]
     parents = _as_batch(parents)
     check_tree_tensors(parents)
     if validate:

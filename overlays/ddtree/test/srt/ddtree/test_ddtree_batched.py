@@ -1,0 +1,154 @@
+"""Batched builder: equals the heap builder exactly (order, ties, padding) on random drafts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import sglang.srt.speculative.ddtree_batched as ddtree_batched
+from sglang.srt.speculative.ddtree_batched import DDTreeBatch, build_ddtree_batched
+from sglang.srt.speculative.ddtree_tree import build_ddtree_tree_from_topk
+
+VECTOR_LP = torch.log(torch.tensor([[0.7, 0.3], [0.6, 0.4], [0.8, 0.2]]))
+VECTOR_IDS = torch.tensor([[10, 11], [20, 21], [30, 31]])
+
+
+def _random_drafts(gen: torch.Generator, bs: int, depth: int, k: int, mode: int):
+    """mode 0: continuous; 1: values on a 1/4 grid (exact ties); 2: identical rows per depth
+    on a 1/2 grid (massive ties, children tie across parents); 3: zero log-probs (a child
+    ties its parent, ties across depths)."""
+    x = -torch.rand(bs, depth, k, generator=gen, dtype=torch.float64) * 3
+    if mode == 1:
+        x = torch.round(x * 4) / 4
+    elif mode == 2:
+        x = (torch.round(x * 2) / 2)[:, :1, :].expand(bs, depth, k).clone()
+    elif mode == 3:
+        x = torch.where(torch.rand(bs, depth, k, generator=gen) < 0.4, torch.zeros_like(x), torch.round(x))
+    x = torch.sort(x, dim=-1, descending=True).values
+    ids = torch.argsort(torch.rand(bs, depth, k, generator=gen), dim=-1) + 100 * torch.arange(depth)[None, :, None]
+    return x, ids
+
+
+def _assert_equals_heap(batch: DDTreeBatch, log_probs: torch.Tensor, ids: torch.Tensor, budget: int) -> None:
+    for b in range(log_probs.shape[0]):
+        ref = build_ddtree_tree_from_topk(log_probs[b], ids[b], budget)
+        n = ref.tokens.numel()
+        assert int(batch.num_nodes[b]) == n + 1
+        assert batch.tokens[b, 1 : n + 1].tolist() == ref.tokens.tolist()
+        assert batch.parents[b, : n + 1].tolist() == ref.parents.tolist()
+        assert batch.depths[b, 1 : n + 1].tolist() == ref.depths.tolist()
+        assert batch.ranks[b, 1 : n + 1].tolist() == ref.ranks.tolist()
+        assert batch.node_logws[b, 1 : n + 1].tolist() == ref.node_logws.tolist()  # bit-exact
+        pad = slice(n + 1, budget + 1)
+        assert set(batch.tokens[b, pad].tolist()) <= {-1} and set(batch.parents[b, pad].tolist()) <= {-1}
+
+
+def test_design_test_vector_batched() -> None:
+    batch = build_ddtree_batched(VECTOR_LP[None].repeat(2, 1, 1), VECTOR_IDS[None].repeat(2, 1, 1), 5, root_tokens=torch.tensor([7, 8]))
+    assert batch.tokens.tolist() == [[7, 10, 20, 30, 11, 21], [8, 10, 20, 30, 11, 21]]
+    assert batch.depths.tolist() == [[0, 1, 2, 3, 1, 2]] * 2
+    assert batch.parents.tolist() == [[-1, 0, 1, 2, 0, 1]] * 2
+    assert [round(w, 3) for w in batch.node_logws[0].tolist()] == [0.0, -0.357, -0.868, -1.091, -1.204, -1.273]
+    assert batch.num_nodes.tolist() == [6, 6] and batch.num_slots == 6
+    assert batch.tokens.dtype == batch.parents.dtype == batch.depths.dtype == torch.int64
+    assert batch.node_logws.dtype == torch.float64
+
+
+def test_root_token_defaults_to_minus_one() -> None:
+    batch = build_ddtree_batched(VECTOR_LP[None], VECTOR_IDS[None], 2)
+    assert batch.tokens.tolist() == [[-1, 10, 20]]
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2, 3])
+def test_batched_equals_heap_on_random_drafts(mode: int) -> None:
+    gen = torch.Generator().manual_seed(1234 + mode)
+    for _ in range(60):  # 4 modes x 60 batches x 16 requests = 3840 trees
+        depth = int(torch.randint(1, 6, (1,), generator=gen))
+        k = int(torch.randint(1, 6, (1,), generator=gen))
+        budget = int(torch.randint(0, 40, (1,), generator=gen))
+        lp, ids = _random_drafts(gen, 16, depth, k, mode)
+        _assert_equals_heap(build_ddtree_batched(lp, ids, budget), lp, ids, budget)
+
+
+def test_pruned_and_unpruned_selection_both_equal_heap() -> None:
+    """The fast path (pruned pairs) whenever it certifies itself, and the fallback always."""
+    gen = torch.Generator().manual_seed(99)
+    certified_runs = uncertified_runs = 0
+    for trial in range(80):
+        depth, k, budget = 4, 4, int(torch.randint(5, 60, (1,), generator=gen))
+        lp, ids = _random_drafts(gen, 8, depth, k, trial % 4)
+        lp64 = lp.to(torch.float64)
+        pruned, certified = ddtree_batched._select_trees(lp64, ids, budget, None, prune=True)
+        if bool(certified):
+            certified_runs += 1
+            _assert_equals_heap(pruned, lp, ids, budget)
+        else:
+            uncertified_runs += 1
+        full, _ = ddtree_batched._select_trees(lp64, ids, budget, None, prune=False)
+        _assert_equals_heap(full, lp, ids, budget)
+    assert certified_runs > 0 and uncertified_runs > 0  # both paths exercised
+
+
+def test_large_budget_typical_shape() -> None:
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(4, 15, 32, generator=gen) * 3
+    lp, ids = torch.sort(torch.log_softmax(logits, dim=-1), dim=-1, descending=True)
+    batch = build_ddtree_batched(lp, ids, 256)
+    _assert_equals_heap(batch, lp, ids, 256)
+
+
+def test_float32_and_int32_inputs_follow_the_float64_rule() -> None:
+    gen = torch.Generator().manual_seed(3)
+    lp, ids = _random_drafts(gen, 4, 3, 3, 0)
+    lp32, ids32 = lp.to(torch.float32), ids.to(torch.int32)
+    batch = build_ddtree_batched(lp32, ids32, 10)
+    _assert_equals_heap(batch, lp32, ids32, 10)
+
+
+def test_edge_cases_budget_zero_k1_l1_and_padding() -> None:
+    lp = torch.log(torch.tensor([[[0.5, 0.3], [0.6, 0.2]]]))
+    ids = torch.tensor([[[1, 2], [3, 4]]])
+    root_only = build_ddtree_batched(lp, ids, 0, root_tokens=torch.tensor([9]))
+    assert root_only.tokens.tolist() == [[9]] and root_only.parents.tolist() == [[-1]]
+    assert root_only.num_nodes.tolist() == [1]
+
+    chain = build_ddtree_batched(lp[:, :, :1], ids[:, :, :1], 5)
+    assert chain.tokens.tolist() == [[-1, 1, 3, -1, -1, -1]]
+    assert chain.parents.tolist() == [[-1, 0, 1, -1, -1, -1]]
+    assert chain.depths.tolist() == [[0, 1, 2, -1, -1, -1]]
+    assert chain.num_nodes.tolist() == [3]
+    assert chain.node_logws[0, 3:].tolist() == [-math.inf] * 3
+
+    star = build_ddtree_batched(lp[:, :1, :], ids[:, :1, :], 2)
+    assert star.tokens.tolist() == [[-1, 1, 2]] and star.parents.tolist() == [[-1, 0, 0]]
+
+    everything = build_ddtree_batched(lp, ids, 50)
+    assert everything.num_nodes.tolist() == [7] and everything.tokens.shape == (1, 51)
+    _assert_equals_heap(everything, lp, ids, 50)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"log_probs": torch.zeros(2, 2)}, r"shape \[bs, L, K\]"),
+        ({"token_ids": torch.zeros(1, 2, 3, dtype=torch.int64)}, r"token_ids of shape \(1, 2, 2\)"),
+        ({"budget": -3}, "budget >= 0"),
+        ({"root_tokens": torch.tensor([1, 2])}, r"root_tokens of shape \[1\]"),
+        ({"root_tokens": torch.tensor([1.0])}, "int64 or int32"),
+        ({"log_probs": torch.tensor([[[-1.0, -0.5], [-1.0, -2.0]]])}, "sorted descending"),
+        ({"token_ids": torch.tensor([[[1, 2], [3, 3]]])}, "distinct token_ids"),
+    ],
+)
+def test_batched_builder_rejects_bad_inputs(kwargs, match) -> None:
+    args = {"log_probs": torch.tensor([[[-0.5, -1.0], [-1.0, -2.0]]]), "token_ids": torch.tensor([[[1, 2], [3, 4]]]), "budget": 3}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        build_ddtree_batched(**args)
+
+
+def test_count_possible_nodes() -> None:
+    assert ddtree_batched.count_possible_nodes(3, 2, 100) == 14
+    assert ddtree_batched.count_possible_nodes(15, 1, 100) == 15
+    assert ddtree_batched.count_possible_nodes(15, 256, 512) == 512
