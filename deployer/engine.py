@@ -74,7 +74,7 @@ def _request(ps: PatchSet | None, opts: Options, remote_dir: str | None = None) 
     req: dict[str, Any] = {"by": who(), "command": opts.command,
                            "options": {"force": opts.force, "three_way": opts.three_way, "to": opts.to,
                                        # test-only hook: widen the window in which a test cuts the connection
-                                       "pause": float(os.environ.get("DDEPLOY_TEST_AGENT_PAUSE", 0) or 0)}}
+                                       "pause": os.environ.get("DDEPLOY_TEST_AGENT_PAUSE", "")}}
     if ps is not None:
         req["set"] = set_request(ps, remote_dir=remote_dir)
     return req

@@ -392,8 +392,12 @@ def write_journal(repo: Repo, journal: dict) -> None:
     os.rename(tmp, journal_path(repo))
 
 
-def finish(repo: Repo, j: dict) -> None:
+def finish(repo: Repo, j: dict, pause_mid_switch: float = 0.0) -> None:
     """Roll a journaled transaction forward: work tree, HEAD, refs, then the state record."""
+    if pause_mid_switch:  # test hook: leave the work tree half switched for a while
+        switch_files(repo, j["target"], j["files"][:1])
+        progress("pausing %.1fs in the middle of the switch (test hook)" % pause_mid_switch)
+        time.sleep(pause_mid_switch)
     switch_files(repo, j["target"], j["files"])
     if j.get("branch"):
         repo.run("update-ref", "-m", j["message"], "refs/heads/" + j["branch"], j["target"])
@@ -425,12 +429,15 @@ def transact(repo: Repo, req: dict, op: str, target: str, old_head: str, extra_f
     files = sorted(set(repo.diff_names(old_head, target)) | set(extra_files))
     journal = {"op": op, "target": target, "files": files, "branch": branch, "refs": refs,
                "state": engine_state, "message": message, "by": req.get("by"), "started": now()}
-    pause = float(req.get("options", {}).get("pause", 0) or 0)
-    if pause:  # test hook (DDEPLOY_TEST_AGENT_PAUSE): a window in which to cut the connection
+    # Test hook (DDEPLOY_TEST_AGENT_PAUSE="[before_switch|mid_switch:]SECONDS"): a window in which
+    # a test cuts the connection or kills this process.
+    where, _, secs = str(req.get("options", {}).get("pause") or "").rpartition(":")
+    pause = float(secs or 0)
+    if pause and where in ("", "before_switch"):
         progress("pausing %.1fs before switching the checkout (test hook)" % pause)
         time.sleep(pause)
     write_journal(repo, journal)
-    finish(repo, journal)
+    finish(repo, journal, pause if where == "mid_switch" else 0.0)
 
 
 def op_push(repo: Repo, req: dict) -> dict:

@@ -1,0 +1,177 @@
+"""What protects a host: hand edits, the lock, a cut connection, a killed deploy, bad patch sets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sshd_hosts import STUB, VERSION_PY
+
+pytestmark = pytest.mark.sshd
+
+
+def snapshot(h) -> dict:
+    return {"refs": h.git("for-each-ref", "--format=%(objectname) %(refname)"), "head": h.git("rev-parse", "HEAD"),
+            "status": h.git("status", "--porcelain", "--untracked-files=all")}
+
+
+def cli_process(hosts, *args, pause: str) -> subprocess.Popen:
+    """The real CLI as a separate process, with the agent's test pause hook set."""
+    env = {**os.environ, "DDEPLOY_TEST_AGENT_PAUSE": pause}
+    return subprocess.Popen([sys.executable, "-c", "from deployer.cli import main; main()", "-i",
+                             str(hosts.inventory_dir), *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, timeout=20.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def lock_dir(h) -> Path:
+    return h.checkout / ".git" / "ddeploy" / "lock"
+
+
+def test_hand_edit_blocks_push_and_rollback_until_forced_and_is_recoverable(hosts, ddeploy, patch_sets):
+    h1 = hosts.hosts[0]
+    assert ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"])).code == 0
+    (h1.checkout / VERSION_PY).write_text("hand edit\n")
+    before = snapshot(h1)
+    for args in (("push", "--version", str(patch_sets["v2"])), ("rollback",)):
+        r = ddeploy(*args, "--host", "h1")
+        assert r.code == 7, r.stderr
+        assert f"hand edits in {VERSION_PY}" in r.stderr and "--force" in r.stderr
+        assert snapshot(h1) == before and (h1.checkout / VERSION_PY).read_text() == "hand edit\n"
+    r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v2"]), "--force", "--json")
+    assert r.code == 0, r.stderr
+    saved = json.loads(r.stdout)[0]["data"]["saved"]
+    assert saved.startswith("refs/ddeploy/saved/") and saved in r.stderr
+    assert (h1.checkout / STUB).read_text() == "VERSION = 2\n"
+    assert h1.git("status", "--porcelain") == ""
+    # Recoverable: the saved commit holds the edit on top of the v1 head it was made on.
+    assert h1.git("show", f"{saved}:{VERSION_PY}") == "hand edit"
+    assert h1.git("diff", "--name-only", f"{saved}~1", saved) == VERSION_PY
+    (h1.checkout / STUB).write_text("another edit\n")
+    r = ddeploy("rollback", "--host", "h1", "--force", "--json")
+    assert r.code == 0, r.stderr
+    saved2 = json.loads(r.stdout)[0]["data"]["saved"]
+    assert h1.git("show", f"{saved2}:{STUB}") == "another edit"
+    assert h1.git("rev-parse", "HEAD^{tree}") == hosts.base_tree
+
+
+def test_hand_edit_before_the_first_push_blocks_it(hosts, ddeploy, patch_sets):
+    h2 = hosts.hosts[1]
+    (h2.checkout / STUB).write_text("my own stub\n")  # untracked file where the set adds one
+    r = ddeploy("push", "--host", "h2", "--version", str(patch_sets["v1"]))
+    assert r.code == 7 and STUB in r.stderr
+    assert h2.git("rev-parse", "HEAD") == hosts.base_commit
+    assert h2.git("for-each-ref", "refs/ddeploy") == ""
+
+
+def test_racing_pushes_one_wins_the_other_names_the_holder(hosts, ddeploy, patch_sets):
+    h1 = hosts.hosts[0]
+    first = cli_process(hosts, "push", "--host", "h1", "--version", str(patch_sets["v1"]), pause="2")
+    try:
+        wait_for(lambda: (lock_dir(h1) / "owner.json").exists(), what="the first push to take the lock")
+        r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v2"]))
+        assert r.code == 7, r.stderr
+        assert "is locked by" in r.stderr and "running `ddeploy" in r.stderr and "push --host h1" in r.stderr
+        assert h1.git("rev-parse", "HEAD") == hosts.base_commit  # the loser changed nothing
+    finally:
+        out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert (h1.checkout / STUB).read_text() == "VERSION = 1\n"
+    assert h1.git("rev-parse", "HEAD~2") == hosts.base_commit and h1.git("status", "--porcelain") == ""
+    assert not lock_dir(h1).exists()
+
+
+def _tree_is_old_or_new(h, base_tree: str) -> str:
+    tree = h.git("rev-parse", "HEAD^{tree}")
+    clean = h.git("status", "--porcelain", "--untracked-files=all") == ""
+    assert clean, "work tree half switched"
+    return "old" if tree == base_tree else "new"
+
+
+def test_connection_cut_mid_push_leaves_old_or_new_and_the_next_push_completes(hosts, ddeploy, patch_sets):
+    h1 = hosts.hosts[0]
+    push = cli_process(hosts, "push", "--host", "h1", "--version", str(patch_sets["v1"]), pause="2")
+    wait_for(lambda: (lock_dir(h1) / "owner.json").exists(), what="the push to start on the host")
+    h1.stop()
+    _out, err = push.communicate(timeout=60)
+    assert push.returncode == 5, err
+    assert "[h1]" in err and "connection lost" in err
+    assert _tree_is_old_or_new(h1, hosts.base_tree) == "old"  # cut before the switch
+    wait_for(lambda: not lock_dir(h1).exists(), what="the host to finish the transaction on its own")
+    assert _tree_is_old_or_new(h1, hosts.base_tree) == "new"
+    h1.start()
+    r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"]))
+    assert r.code == 0 and "already applied" in r.stderr
+    assert json.loads(h1.git("cat-file", "blob", "refs/ddeploy/state:state.json"))["applied"]["version"] == "0.1.0"
+
+
+def test_deploy_killed_mid_switch_is_completed_by_the_next_push(hosts, ddeploy, patch_sets):
+    h2 = hosts.hosts[1]
+    push = cli_process(hosts, "push", "--host", "h2", "--version", str(patch_sets["v1"]), pause="mid_switch:30")
+    wait_for(lambda: (h2.checkout / STUB).exists(), what="the switch to begin")
+    owner = json.loads((lock_dir(h2) / "owner.json").read_text())
+    os.kill(owner["pid"], signal.SIGKILL)  # the agent dies with the work tree half switched
+    push.communicate(timeout=60)
+    assert (h2.checkout / ".git" / "ddeploy" / "journal.json").exists()
+    status = ddeploy("status", "--host", "h2", "--json")
+    assert json.loads(status.stdout)[0]["data"]["interrupted"] is True
+    assert "(stale)" in status.stderr
+    r = ddeploy("push", "--host", "h2", "--version", str(patch_sets["v1"]))
+    assert r.code == 0, r.stderr
+    assert "broke the stale lock" in r.stderr and "completing an interrupted push" in r.stderr
+    assert (h2.checkout / VERSION_PY).read_text().endswith("# ddtree 0.1.0\n")
+    assert h2.git("status", "--porcelain", "--untracked-files=all") == ""
+    assert h2.git("rev-parse", "HEAD~2") == hosts.base_commit
+
+
+def test_lock_status_and_release(hosts, ddeploy):
+    h3 = hosts.hosts[2]
+    lock_dir(h3).mkdir(parents=True)
+    (lock_dir(h3) / "owner.json").write_text(json.dumps({"by": "alice@laptop", "pid": 999999, "host": "elsewhere",
+                                                         "time": time.time() - 600, "command": "ddeploy push"}))
+    r = ddeploy("lock", "status", "--host", "h3")
+    assert r.code == 0 and "held by alice@laptop pid 999999 running `ddeploy push` for 600s" in r.stderr
+    r = ddeploy("lock", "release", "--host", "h3", "--yes")
+    assert r.code == 0 and "released the lock of" in r.stderr
+    assert not lock_dir(h3).exists()
+
+
+def test_tampered_or_escaping_patch_sets_are_refused_before_any_host(hosts, ddeploy, patch_sets, tmp_path):
+    import shutil
+
+    before = [snapshot(h) for h in hosts.hosts]
+    tampered = tmp_path / "tampered"
+    shutil.copytree(patch_sets["v1"], tampered)
+    patch = tampered / "0002-wiring.patch"
+    patch.write_text(patch.read_text().replace("# ddtree 0.1.0", "import os; os.system('x')"))
+    r = ddeploy("push", "--all", "--version", str(tampered))
+    assert r.code == 4 and "0002-wiring.patch" in r.stderr and "sha256" in r.stderr
+
+    escaping = tmp_path / "escaping"
+    shutil.copytree(patch_sets["v1"], escaping)
+    bad = escaping / "0002-wiring.patch"
+    bad.write_text(bad.read_text().replace("python/sglang/version.py", "../../outside.py"))
+    import hashlib, yaml
+    manifest = yaml.safe_load((escaping / "manifest.yaml").read_text())
+    manifest["patches"][1]["sha256"] = hashlib.sha256(bad.read_bytes()).hexdigest()
+    (escaping / "manifest.yaml").write_text(yaml.safe_dump(manifest))
+    r = ddeploy("push", "--all", "--version", str(escaping))
+    assert r.code == 4 and "escapes the checkout" in r.stderr
+    assert [snapshot(h) for h in hosts.hosts] == before
+    assert not any((h.checkout / ".git" / "ddeploy").exists() for h in hosts.hosts)
+    assert "[h1]" not in r.stderr  # no host was contacted
