@@ -22,6 +22,7 @@ from .connection import Connection, open_connection
 from .errors import RemoteCommandError, StateError
 from .inventory import Host
 from .render import RenderedUnit, write_units
+from .state import read_state
 
 RECORD = "launch.json"
 
@@ -123,6 +124,34 @@ def alive_units(conn: Connection, record: dict) -> list[dict]:
     res = conn.run(["sh", "-c", ALIVE_SH, "ddeploy", *_pairs(units)])
     running = set(res.stdout.split())
     return [u for u in units if str(u["pid"]) in running]
+
+
+def build_cache_dir(state: dict, arch: str) -> tuple[str | None, str]:
+    """The JIT cache of a good build of the applied version for `arch`, or (None, why not)."""
+    applied = (state.get("applied") or {}).get("version")
+    build = (state.get("builds") or {}).get(arch) or {}
+    if applied is None:
+        return None, "no patch set applied"
+    candidates = ([build] if build.get("ok") else []) + list((build.get("known") or {}).values())
+    for cand in candidates:
+        if cand.get("cache_dir") and cand.get("version") == applied:
+            return cand["cache_dir"], f"build record {arch}, {cand.get('at', '?')}"
+    if not build:
+        return None, f"no kernel build recorded for {arch}"
+    return None, f"no good kernel build of the applied version {applied} for {arch}"
+
+
+def probe_hosts(hosts: list[Host], say: Callable[[str, str], None]) -> dict[str, tuple[dict, str]]:
+    """Per host, render values read from the host: jit_cache_dir from its kernel build record."""
+    probed = {}
+    for host in hosts:
+        with open_connection(host) as conn:
+            cache_dir, why = build_cache_dir(read_state(conn, host), host.gpu.arch)
+        if cache_dir:
+            probed[host.name] = ({"jit_cache_dir": cache_dir}, f"host {host.name} {why}")
+        else:
+            say(f"{why}: JIT kernels will compile at first use (run `ddeploy build --host {host.name}`)", host.name)
+    return probed
 
 
 def _upload(conn: Connection, units: list[RenderedUnit], remote: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import stat
@@ -19,7 +18,7 @@ import yaml
 from deployer.errors import RenderError, UsageError
 from deployer.inventory import Inventory
 from deployer.paths import HOSTS_DIR, TEMPLATES_DIR
-from deployer.render import explain_rows, load_profiles, render_all, render_plan, write_units
+from deployer.render import load_profiles, render_plan
 from deployer.render.golden import GOLDEN_DIR, SETS, golden_files
 
 from conftest import run_cli
@@ -135,9 +134,9 @@ def test_the_wiring_patch_defines_the_overlay_flags_the_template_uses():
 # --- validation -----------------------------------------------------------------------------
 
 def test_gpu_counts_that_do_not_divide_are_refused_naming_the_value():
-    assert "tp_size 3 / nnodes 1 x replicas 1 needs 3 GPUs per node in groups of 3, but gpu.count is 8" in \
-        _error("b300", "tp8", "tp_size=3")
-    assert "needs 16 GPUs" in _error("b300", "tp8", "tp_size=16")
+    assert "[b300] tp_size 3 / nnodes 1 = 3 GPUs per node does not divide gpu.count 8" in _error("b300", "tp8", "tp_size=3")
+    assert "[b300] tp_size 16 / nnodes 1 x replicas 1 needs 16 GPUs per node, but gpu.count is 8" in \
+        _error("b300", "tp8", "tp_size=16")
     assert "attn_dp_size 3 does not divide tp_size 8" in _error("b300", "ep8", "attn_dp_size=3")
     assert "ep_size 4 must be 1 or equal tp_size 8" in _error("b300", "tp8", "ep_size=4")
     assert "tp_size 16 does not divide over nnodes 3" in str(
@@ -295,3 +294,12 @@ def test_render_all_writes_every_valid_pair_and_reports_skipped(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.sh")) == sorted(
         rel.split("/")[1] for rel in golden_files() if rel.startswith("shipped/") and rel.endswith(".sh"))
     assert "skipped rtx6000 ep4: [rtx6000] topology ep4 does not fit" in r.stderr
+
+
+def test_jit_compiles_are_forbidden_only_when_a_kernel_cache_is_known():
+    (offline,) = _render("b300", "tp8")
+    assert "SGLANG_JIT_CACHE_DIR" not in offline.env and "SGLANG_CRASH_ON_JIT_COMPILE" not in offline.env
+    (built,) = _render("b300", "tp8", "jit_cache_dir=/c/0f1e")
+    assert "export SGLANG_JIT_CACHE_DIR=/c/0f1e\nexport SGLANG_CRASH_ON_JIT_COMPILE=1\n" in built.env
+    (lenient,) = _render("b300", "tp8", "jit_cache_dir=/c/0f1e", "crash_on_jit_compile=false")
+    assert "SGLANG_JIT_CACHE_DIR=/c/0f1e" in lenient.env and "SGLANG_CRASH_ON_JIT_COMPILE" not in lenient.env

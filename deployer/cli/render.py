@@ -33,6 +33,8 @@ def _hosts(app: AppContext, hosts: tuple[str, ...], group: str | None):
 def render(app: AppContext, hosts, group, topology, sets, out_dir, explain, render_every) -> None:
     """Render the SGLang launch script(s) for a host and topology."""
     if render_every:
+        if hosts or group or topology:
+            raise UsageError("--all renders every (host, topology) pair: drop --host/--group/--topology")
         units, skipped = rd.render_all(app.inventory, sets)
         for label, reason in skipped:
             say(f"skipped {label}: {reason}")
@@ -71,7 +73,8 @@ def launch(app: AppContext, hosts, group, topology, sets, dry_run) -> None:
     from .. import launch as lc
 
     chosen = {h.name: h for h in _hosts(app, hosts, group)}
-    for name, units in _by_host(rd.render_plan(list(chosen.values()), topology, sets)).items():
+    probed = lc.probe_hosts(list(chosen.values()), say)
+    for name, units in _by_host(rd.render_plan(list(chosen.values()), topology, sets, probed=probed)).items():
         remote = f"{lc.launch_dir(units)}/{topology}"
         if dry_run:
             for u in units:

@@ -61,24 +61,27 @@ def _layout(host: Host, topo: str, v: dict[str, Any], node_rank: int, replica: i
     return {k: Value(k, val, "layout (computed)") for k, val in computed.items()}
 
 
-def _resolve_hosts(profiles: Profiles, hosts: list[Host], topology: str, sets: list[str] | tuple[str, ...]):
+def _resolve_hosts(profiles: Profiles, hosts: list[Host], topology: str, sets: list[str] | tuple[str, ...],
+                   probed: dict[str, tuple[dict[str, Any], str]]):
     topo = profiles.topology(topology)
     pairs = parse_sets(sets)
     per_host = []
     for host in hosts:
         hw = profiles.hardware_for(host)
-        values = resolve(profiles, host, topo, hw, pairs)
+        values = resolve(profiles, host, topo, hw, pairs, probed.get(host.name))
         per_host.append((host, hw, values))
     return topo, per_host
 
 
 def render_plan(hosts: list[Host], topology: str, sets: list[str] | tuple[str, ...] = (),
-                profiles: Profiles | None = None) -> list[RenderedUnit]:
-    """Validate, then render every unit of `topology` over `hosts` (node rank = position in the list)."""
+                profiles: Profiles | None = None,
+                probed: dict[str, tuple[dict[str, Any], str]] | None = None) -> list[RenderedUnit]:
+    """Validate, then render every unit of `topology` over `hosts` (node rank = position in the list).
+    `probed`: per host name, (values, source) read from the host (launch passes its build record)."""
     profiles = profiles or load_profiles()
     if not hosts:
         raise RenderError("no host given: pass --host NAME (or --group NAME for a multi-node topology)")
-    topo, per_host = _resolve_hosts(profiles, hosts, topology, sets)
+    topo, per_host = _resolve_hosts(profiles, hosts, topology, sets, probed or {})
     flat = [(h, plain(values)) for h, _, values in per_host]
     validate.check_hosts(topo, hosts, flat[0][1]["nnodes"])
     validate.check_same_across_nodes(flat)
@@ -111,7 +114,9 @@ def explain_rows(units: list[RenderedUnit]) -> list[list[str]]:
 def _show(value: Any) -> str:
     if isinstance(value, list):
         return " ".join(value) if value else "[]"
-    return "(unset)" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    if value is None or value == "":
+        return "(unset)"
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def render_all(inventory: Inventory, sets: list[str] | tuple[str, ...] = (), profiles: Profiles | None = None,

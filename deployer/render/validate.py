@@ -52,9 +52,12 @@ def check_gpu_counts(host: Host, v: dict[str, Any]) -> None:
     if v["ep_size"] not in (1, tp):
         raise RenderError(f"ep_size {v['ep_size']} must be 1 or equal tp_size {tp} (SGLang 0.5.23: ep_size x moe_dp_size == tp_size)")
     per_node, replicas = tp // nnodes, v["replicas"]
-    if per_node * replicas > host.gpu.count or host.gpu.count % per_node:
+    if per_node * replicas > host.gpu.count:
         raise RenderError(f"[{host.name}] tp_size {tp} / nnodes {nnodes} x replicas {replicas} needs {per_node * replicas} "
-                          f"GPUs per node in groups of {per_node}, but gpu.count is {host.gpu.count}")
+                          f"GPUs per node, but gpu.count is {host.gpu.count}")
+    if host.gpu.count % per_node:
+        raise RenderError(f"[{host.name}] tp_size {tp} / nnodes {nnodes} = {per_node} GPUs per node does not divide "
+                          f"gpu.count {host.gpu.count}; pick a tp_size whose per-node share divides it")
 
 
 def check_memory(host: Host, topology: Topology, v: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ from .profiles import HardwareProfile, Profiles, Topology
 ENV_PREFIX = "env."
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Facts derived from the host that vars or --set may override (the rest are read-only facts).
-SETTABLE_FACTS = {"node_addr": str, "launch_dir": str, "jit_cache_dir": str, "server_command": list}
+SETTABLE_FACTS = {"node_addr": str, "launch_dir": str, "server_command": list}
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,6 @@ def host_facts(host: Host) -> dict[str, Any]:
         "gpu_arch": host.gpu.arch, "gpu_memory_gib": host.gpu.memory_gib, "interconnect": host.interconnect,
         "checkout": host.checkout, "python": host.python, "node_addr": str(address),
         "launch_dir": posixpath.join(parent, "ddeploy-launch"),
-        "jit_cache_dir": posixpath.join(parent, "ddeploy-jit"),
         "server_command": [host.python, "-m", "sglang.launch_server"],
     }
 
@@ -129,8 +128,9 @@ def _layer(schema: Schema, out: dict[str, Value], values: dict[str, Any], source
 
 
 def resolve(profiles: Profiles, host: Host, topology: Topology, hardware: HardwareProfile,
-            sets: list[tuple[str, str]]) -> dict[str, Value]:
-    """Every render value for one host, with the layer it came from."""
+            sets: list[tuple[str, str]], probed: tuple[dict[str, Any], str] | None = None) -> dict[str, Value]:
+    """Every render value for one host, with the layer it came from. `probed`: (values, source)
+    read from the host itself (e.g. its kernel build record), between inventory facts and vars."""
     schema = Schema(profiles.defaults)
     out: dict[str, Value] = {}
     _layer(schema, out, profiles.defaults, f"defaults ({profiles.directory.name}/defaults.yaml)")
@@ -138,6 +138,8 @@ def resolve(profiles: Profiles, host: Host, topology: Topology, hardware: Hardwa
     _layer(schema, out, topology.values, f"topology {topology.name}")
     _layer(schema, out, host_facts(host), f"host {host.name} inventory ({host.source})", typed=False)
     _layer(schema, out, {f"{ENV_PREFIX}{k}": v for k, v in host.env.items()}, f"host {host.name} env ({host.source})")
+    if probed:
+        _layer(schema, out, probed[0], probed[1])
     _layer(schema, out, host.vars, f"host {host.name} vars ({host.source})")
     for key, raw in sets:
         out[key] = Value(key, schema.coerce(key, raw, "--set"), "--set")
