@@ -372,15 +372,23 @@ def describe_connect_error(exc: BaseException, target: str) -> str:
 
 
 def _ssh_config_path(host: Host) -> Path | None:
-    """The host's ssh_config, else the inventory-level one ($DDEPLOY_SSH_CONFIG), else the user's."""
-    for cand in (host.ssh.config if host.ssh else None, os.environ.get("DDEPLOY_SSH_CONFIG")):
+    """Which ssh_config applies (like `ssh -F`, it replaces the user's): the host's `ssh.config`
+    (relative to its YAML file), else $DDEPLOY_SSH_CONFIG, else `ssh_config` next to the host files
+    (inventory level), else the user's ~/.ssh/config, else none."""
+    host_dir = Path(host.source).parent if host.source and not host.source.startswith("<") else None
+    explicit = host.ssh.config if host.ssh else None
+    for cand in (explicit, os.environ.get("DDEPLOY_SSH_CONFIG")):
         if cand:
             path = Path(cand).expanduser()
+            if not path.is_absolute() and host_dir is not None:
+                path = host_dir / path
             if not path.is_file():
-                raise ConnectError(f"ssh_config {path} does not exist", host=host.name)
+                raise ConnectError(f"ssh_config {path} (from {host.source}) does not exist", host=host.name)
             return path
-    user = Path("~/.ssh/config").expanduser()
-    return user if user.is_file() else None
+    for path in ((host_dir / "ssh_config") if host_dir else None, Path("~/.ssh/config").expanduser()):
+        if path is not None and path.is_file():
+            return path
+    return None
 
 
 def _known_hosts_path(ssh_config: dict) -> Path:

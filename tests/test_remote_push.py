@@ -109,3 +109,23 @@ def test_v2_over_v1_then_rollback_to_v1_and_to_base(hosts, ddeploy, patch_sets):
     assert h1.git("status", "--porcelain", "--untracked-files=all") == ""
     assert ddeploy("rollback", "--host", "h1").code == 0
     assert h1.git("rev-parse", "HEAD^{tree}") == hosts.base_tree
+
+
+def test_three_way_only_on_request(hosts, ddeploy, patch_sets):
+    h3 = hosts.hosts[2]
+    path = h3.checkout / VERSION_PY
+    lines = path.read_text().splitlines(keepends=True)
+    lines[21] = lines[21].replace("Fallback", "Local fallback")  # inside the wiring patch's context
+    path.write_text("".join(lines))
+    h3.git("commit", "-q", "-am", "local tweak")  # the user's own commit: the pre-deploy state
+    user_commit, user_tree = h3.git("rev-parse", "HEAD"), h3.git("rev-parse", "HEAD^{tree}")
+    r = ddeploy("push", "--host", "h3", "--version", str(patch_sets["v1"]))
+    assert r.code == 7 and "0002-wiring.patch does not apply" in r.stderr and "--3way" in r.stderr
+    assert h3.git("rev-parse", "HEAD") == user_commit and h3.git("for-each-ref", "refs/ddeploy") == ""
+    r = ddeploy("push", "--host", "h3", "--version", str(patch_sets["v1"]), "--3way")
+    assert r.code == 0, r.stderr
+    text = path.read_text()
+    assert "Local fallback" in text and text.endswith("# ddtree 0.1.0\n")
+    assert h3.git("status", "--porcelain") == ""
+    assert ddeploy("rollback", "--host", "h3").code == 0
+    assert h3.git("rev-parse", "HEAD") == user_commit and h3.git("rev-parse", "HEAD^{tree}") == user_tree

@@ -453,7 +453,8 @@ def op_push(repo: Repo, req: dict) -> dict:
             p["recovered"] = recovered
             if p["blocked"]:
                 kind = "DriftError" if p["drift"] and not opts.get("force") else "ConflictError"
-                hint = "; rerun with --force to save them (recoverable) and go on" if kind == "DriftError" else ""
+                hint = ("; rerun with --force to save them (recoverable) and go on" if kind == "DriftError"
+                        else "" if opts.get("three_way") else " (rerun with --3way to merge)")
                 raise Fail(kind, "%s: %s%s; nothing was changed" % (repo.path, p["blocked"], hint))
             if p["action"] == "noop":
                 progress("%s %s is already applied; nothing to do" % (spec["name"], spec["version"]))

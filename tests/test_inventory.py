@@ -1,0 +1,64 @@
+"""Inventory: validation errors name file, host and field; selection; the shipped host files."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from deployer.errors import InventoryError
+from deployer.inventory import Inventory
+from deployer.paths import HOSTS_DIR
+
+GOOD = {"name": "gpu1", "ssh": {"host": "10.0.0.5", "user": "ubuntu"},
+        "gpu": {"model": "NVIDIA B300 SXM6", "count": 8, "arch": "sm_103"}, "interconnect": "nvlink",
+        "checkout": "/opt/sglang", "groups": ["b300"]}
+
+
+def write(tmp_path, name, doc):
+    (tmp_path / name).write_text(yaml.safe_dump(doc))
+
+
+def test_shipped_hosts_are_valid():
+    inv = Inventory.load(HOSTS_DIR)
+    assert {"rtx6000", "b300", "local"} <= set(inv.hosts)
+    assert inv.get("rtx6000").gpu.arch == "sm_120" and inv.get("rtx6000").interconnect == "pcie"
+    assert inv.get("b300").gpu.arch == "sm_103" and inv.get("b300").interconnect == "nvlink"
+    assert inv.get("local").is_local
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"gpu": {**GOOD["gpu"], "arch": "103"}}, "gpu.arch"),
+    ({"interconnect": "infiniband"}, "interconnect"),
+    ({"ssh": {"host": "-oProxyCommand=evil"}}, "ssh.host"),
+    ({"gpu": {**GOOD["gpu"], "count": 0}}, "gpu.count"),
+    ({"colour": "blue"}, "colour"),
+])
+def test_errors_name_file_host_and_field(tmp_path, change, field):
+    write(tmp_path, "gpu1.yaml", {**GOOD, **change})
+    with pytest.raises(InventoryError) as exc:
+        Inventory.load(tmp_path)
+    msg = str(exc.value)
+    assert "gpu1.yaml" in msg and "host 'gpu1'" in msg and f"field {field}" in msg
+
+
+def test_selection_by_name_group_and_all(tmp_path):
+    write(tmp_path, "a.yaml", GOOD)
+    write(tmp_path, "b.yaml", {**GOOD, "name": "gpu2", "groups": ["b300", "canary"]})
+    inv = Inventory.load(tmp_path)
+    assert [h.name for h in inv.select(groups=["b300"])] == ["gpu1", "gpu2"]
+    assert [h.name for h in inv.select(names=["gpu2"], groups=["canary"])] == ["gpu2"]
+    assert [h.name for h in inv.select(all_hosts=True)] == ["gpu1", "gpu2"]
+    with pytest.raises(InventoryError, match="unknown or empty group 'nope'"):
+        inv.select(groups=["nope"])
+
+
+def test_inventory_level_ssh_config_is_used(tmp_path):
+    from deployer.connection import _ssh_config_path
+
+    write(tmp_path, "a.yaml", GOOD)
+    assert _ssh_config_path(Inventory.load(tmp_path).get("gpu1")) != tmp_path / "ssh_config"
+    (tmp_path / "ssh_config").write_text("Host gpu1\n  HostName 10.0.0.9\n")
+    assert _ssh_config_path(Inventory.load(tmp_path).get("gpu1")) == tmp_path / "ssh_config"
+    write(tmp_path, "a.yaml", {**GOOD, "ssh": {"host": "gpu1", "config": "other_config"}})
+    (tmp_path / "other_config").write_text("")
+    assert _ssh_config_path(Inventory.load(tmp_path).get("gpu1")) == tmp_path / "other_config"
