@@ -177,22 +177,24 @@ def _root_level(bs: int, device: torch.device) -> _Level:
 
 
 def _candidate_pairs(num_parents: int, k: int, budget: int, prune: bool, device: torch.device):
-    """(parent slot i, rank j) pairs to score: (i+1)*(j+1) <= budget when pruning, else all."""
-    slots, ranks = _pair_lists(num_parents, k, budget, prune)
-    return (
-        torch.tensor(slots, dtype=torch.int64, device=device),
-        torch.tensor(ranks, dtype=torch.int64, device=device),
-    )
+    """(parent slot i, rank j) pairs to score: (i+1)*(j+1) <= budget when pruning, else all.
+
+    Returns slots [C], ranks [C] and widths [P] (pairs per parent slot), int64.
+    """
+    slots, ranks, widths = _pair_lists(num_parents, k, budget, prune)
+    as_tensor = functools.partial(torch.tensor, dtype=torch.int64, device=device)
+    return as_tensor(slots), as_tensor(ranks), as_tensor(widths)
 
 
 @functools.lru_cache(maxsize=256)
-def _pair_lists(num_parents: int, k: int, budget: int, prune: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    slots, ranks = [], []
+def _pair_lists(num_parents: int, k: int, budget: int, prune: bool):
+    slots, ranks, widths = [], [], []
     for i in range(num_parents):
         width = min(k, budget // (i + 1)) if prune else k
         slots.extend([i] * width)
         ranks.extend(range(width))
-    return tuple(slots), tuple(ranks)
+        widths.append(width)
+    return tuple(slots), tuple(ranks), tuple(widths)
 
 
 def _sort_by_key(weight: torch.Tensor, lexkey: torch.Tensor) -> torch.Tensor:
@@ -202,28 +204,43 @@ def _sort_by_key(weight: torch.Tensor, lexkey: torch.Tensor) -> torch.Tensor:
     return by_lex.gather(1, by_weight)
 
 
+def _inverse_permutation(perm: torch.Tensor) -> torch.Tensor:
+    """inv [bs, M] with inv[b, perm[b, i]] = i (perm is a permutation of 0..M-1 per row)."""
+    ids = torch.arange(perm.shape[1], device=perm.device).expand_as(perm)
+    return torch.empty_like(perm).scatter_(1, perm, ids)
+
+
 def _expand_level(prev: _Level, lp_d: torch.Tensor, budget: int, prune: bool) -> _Level:
-    """Best ``budget`` children at the next depth. lp_d: float64 [bs, K]."""
+    """Best ``budget`` children at the next depth. lp_d: float64 [bs, K].
+
+    Candidates are laid out in lexicographic order of their rank tuples (parent's lexpos,
+    then rank), so one stable sort by weight (descending) yields key order.
+    """
     bs, k = lp_d.shape
-    slots, ranks = _candidate_pairs(prev.weight.shape[1], k, budget, prune, lp_d.device)
+    slots, ranks, widths = _candidate_pairs(prev.weight.shape[1], k, budget, prune, lp_d.device)
     num = slots.numel()
-    weight = prev.weight[:, slots] + lp_d[:, ranks]  # float rule: parent + lp, float64
-    valid = prev.valid[:, slots]
-    weight = torch.where(valid, weight, torch.full_like(weight, float("-inf")))
-    lexkey = prev.lexpos[:, slots] * k + ranks
-    order = _sort_by_key(weight, lexkey)[:, : min(budget, num)]
-    kept_valid = valid.gather(1, order)
-    kept_lexkey = lexkey.gather(1, order)
-    # Invalid slots rank after every valid one in lexicographic order.
-    sentinel = (prev.lexpos.shape[1] + 1) * k + torch.arange(order.shape[1], device=lp_d.device)
-    kept_lexkey = torch.where(kept_valid, kept_lexkey, sentinel)
-    lexpos = torch.argsort(torch.argsort(kept_lexkey, dim=1), dim=1)
+    # Lexicographic position of candidate (i, j): start of parent i's run in lex order + j.
+    width_lex = widths.take(_inverse_permutation(prev.lexpos))
+    run_start = (torch.cumsum(width_lex, dim=1) - width_lex).gather(1, prev.lexpos)
+    # index_select, not x[:, idx]: advanced indexing is orders of magnitude slower on CPU.
+    lex_of_cand = run_start.index_select(1, slots) + ranks
+    cand_at_lex = _inverse_permutation(lex_of_cand)  # [bs, C] candidate id per lex position
+    slot_lex = slots.take(cand_at_lex)
+    rank_lex = ranks.take(cand_at_lex)
+    valid_lex = prev.valid.gather(1, slot_lex)
+    weight_lex = prev.weight.gather(1, slot_lex) + lp_d.gather(1, rank_lex)  # float rule: parent + lp
+    weight_lex = torch.where(valid_lex, weight_lex, torch.full_like(weight_lex, float("-inf")))
+    keep = torch.sort(weight_lex, dim=1, descending=True, stable=True).indices[:, : min(budget, num)]
+    # New lexpos: rank of each kept lex position among the kept ones (invalid ones come last,
+    # because invalid parents hold the last lex positions of their level).
+    kept_mark = torch.zeros_like(lex_of_cand).scatter_(1, keep, 1)
+    lexpos = (torch.cumsum(kept_mark, dim=1) - 1).gather(1, keep)
     return _Level(
-        weight=weight.gather(1, order),
+        weight=weight_lex.gather(1, keep),
         lexpos=lexpos,
-        parent=slots[order],
-        rank=ranks[order],
-        valid=kept_valid,
+        parent=slot_lex.gather(1, keep),
+        rank=rank_lex.gather(1, keep),
+        valid=valid_lex.gather(1, keep),
     )
 
 
@@ -249,7 +266,7 @@ def _certify(levels: list[_Level], lp: torch.Tensor, budget: int) -> torch.Tenso
             continue
         idx = torch.tensor([min(j, k - 1) for j in first_pruned], dtype=torch.int64, device=lp.device)
         has_pruned = torch.tensor([j < k for j in first_pruned], dtype=torch.bool, device=lp.device)
-        pruned_weight = parent.weight + lp[:, d - 1, :][:, idx]
+        pruned_weight = parent.weight + lp[:, d - 1, :].index_select(1, idx)
         safe = ~parent.valid | ~has_pruned | (pruned_weight < threshold)
         ok = ok & safe.all()
     return ok
@@ -263,7 +280,7 @@ def _preorder(levels: list[_Level]) -> list[torch.Tensor]:
     pre = [torch.zeros_like(levels[0].lexpos)]
     for d in range(1, len(levels)):
         lvl = levels[d]
-        slot_of_lex = torch.argsort(lvl.lexpos, dim=1)  # lex order groups siblings, rank order
+        slot_of_lex = _inverse_permutation(lvl.lexpos)  # lex order groups siblings, rank order
         size_lex = sizes[d].gather(1, slot_of_lex)
         parent_lex = lvl.parent.gather(1, slot_of_lex)
         before = torch.cumsum(size_lex, dim=1) - size_lex
@@ -306,7 +323,7 @@ def _assemble(
     rank_flat = torch.cat([lvl.rank for lvl in kept], dim=1)
 
     order = _sort_by_key(weight, pre)[:, :real]  # [bs, real] indices into the kept levels
-    sel_depth = level_of[order]
+    sel_depth = level_of.take(order)
     sel_rank = rank_flat.gather(1, order)
     # Map every kept slot (flattened over all levels, root = 0) to its node index.
     node_of = torch.full((bs, offsets[-1]), -1, dtype=torch.int64, device=device)
