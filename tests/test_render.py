@@ -303,3 +303,10 @@ def test_jit_compiles_are_forbidden_only_when_a_kernel_cache_is_known():
     assert "export SGLANG_JIT_CACHE_DIR=/c/0f1e\nexport SGLANG_CRASH_ON_JIT_COMPILE=1\n" in built.env
     (lenient,) = _render("b300", "tp8", "jit_cache_dir=/c/0f1e", "crash_on_jit_compile=false")
     assert "SGLANG_JIT_CACHE_DIR=/c/0f1e" in lenient.env and "SGLANG_CRASH_ON_JIT_COMPILE" not in lenient.env
+
+
+def test_a_single_node_topology_over_a_group_renders_each_host_on_its_own(tmp_path):
+    r = run_cli("render", "--group", "b300-pair", "-t", "tp8", "-o", str(tmp_path), inventory=GOLDEN_DIR / "inventory")
+    assert r.code == 0, r.stderr
+    assert sorted(p.name for p in tmp_path.glob("*.sh")) == ["b300-a-tp8.sh", "b300-b-tp8.sh"]
+    assert "--nnodes" not in (tmp_path / "b300-b-tp8.sh").read_text()

@@ -23,7 +23,7 @@ def _hosts(app: AppContext, hosts: tuple[str, ...], group: str | None):
 
 @cli.command()
 @click.option("--host", "hosts", multiple=True, help="Host (repeat once per node for multi-node).")
-@click.option("--group", help="Host group (multi-node: members in inventory order are ranks 0..n-1).")
+@click.option("--group", help="Host group: each member on its own, or (multi-node) ranks 0..n-1 in inventory order.")
 @click.option("--topology", "-t", help="Topology profile (templates/topologies.yaml).")
 @_set_option
 @click.option("--output", "-o", "out_dir", type=click.Path(file_okay=False), help="Write script + env files here.")
@@ -41,7 +41,7 @@ def render(app: AppContext, hosts, group, topology, sets, out_dir, explain, rend
     else:
         if not topology:
             raise UsageError("render needs --topology T (or --all)")
-        units = rd.render_plan(_hosts(app, hosts, group), topology, sets)
+        units = rd.render_hosts(_hosts(app, hosts, group), topology, sets)
     if explain:
         click.echo(table(rd.explain_rows(units), ["unit", "key", "value", "source"]))
     elif out_dir:
@@ -74,7 +74,7 @@ def launch(app: AppContext, hosts, group, topology, sets, dry_run) -> None:
 
     chosen = {h.name: h for h in _hosts(app, hosts, group)}
     probed = lc.probe_hosts(list(chosen.values()), say)
-    for name, units in _by_host(rd.render_plan(list(chosen.values()), topology, sets, probed=probed)).items():
+    for name, units in _by_host(rd.render_hosts(list(chosen.values()), topology, sets, probed=probed)).items():
         remote = f"{lc.launch_dir(units)}/{topology}"
         if dry_run:
             for u in units:

@@ -19,7 +19,7 @@ from .engine import ENV_TEMPLATE, SCRIPT_TEMPLATE, environment, render_template
 from .profiles import Profiles, load_profiles
 from .values import Value, host_facts, parse_sets, plain, resolve
 
-__all__ = ["RenderedUnit", "render_plan", "render_all", "write_units", "explain_rows", "load_profiles",
+__all__ = ["RenderedUnit", "render_plan", "render_hosts", "render_all", "write_units", "explain_rows", "load_profiles",
            "parse_sets", "Value", "launch_dir_for"]
 
 
@@ -98,6 +98,18 @@ def render_plan(hosts: list[Host], topology: str, sets: list[str] | tuple[str, .
                                       render_template(env, SCRIPT_TEMPLATE, ctx), render_template(env, ENV_TEMPLATE, ctx),
                                       tuple(all_values[k] for k in sorted(all_values))))
     return units
+
+
+def render_hosts(hosts: list[Host], topology: str, sets: list[str] | tuple[str, ...] = (),
+                 profiles: Profiles | None = None,
+                 probed: dict[str, tuple[dict[str, Any], str]] | None = None) -> list[RenderedUnit]:
+    """Like render_plan, but a single-node topology over several hosts renders each host on its own."""
+    profiles = profiles or load_profiles()
+    topo = profiles.topology(topology)
+    nnodes = dict(parse_sets(sets)).get("nnodes", topo.values.get("nnodes", profiles.defaults["nnodes"]))
+    if str(nnodes).strip() == "1" and len(hosts) > 1:
+        return [u for h in hosts for u in render_plan([h], topology, sets, profiles, probed)]
+    return render_plan(hosts, topology, sets, profiles, probed)
 
 
 def launch_dir_for(host: Host, sets: list[str] | tuple[str, ...] = ()) -> str:
