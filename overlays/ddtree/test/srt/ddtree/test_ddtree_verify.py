@@ -25,6 +25,16 @@ def _random_trees(gen: torch.Generator, bs: int, depth: int, k: int, budget: int
     return batch, compile_ddtree_retrieve(batch.parents, batch.node_logws)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_intra_op_thread():
+    """The 100k-draw tests run ~8x faster on one thread when a shared 2-core box is busy
+    (intra-op threads oversubscribe); the previous setting is restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # --- scalar references: one request at a time, line by line after SGLang's kernels --------
 
 

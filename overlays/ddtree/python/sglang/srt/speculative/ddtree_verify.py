@@ -116,6 +116,8 @@ def verify_tree_greedy_torch(
     path = torch.full((bs, s + 1), -1, dtype=torch.int64, device=dev)  # column s: dump
     for _ in range(n):
         active = cur >= 0
+        if not cur.is_cuda and not bool(active.any()):  # CPU: no device to sync, stop early
+            break
         safe = cur.clamp(min=0)
         match = active & (candidates[rows, safe].to(torch.int64) == target_flat[last])
         glob = retrive_index[rows, safe].to(torch.int64)
@@ -188,6 +190,8 @@ def tree_speculative_sampling_target_only_torch(
     tokens_out = torch.full((bs, s + 1), -1, dtype=torch.int64, device=dev)
     for _ in range(n):
         active = cur >= 0
+        if not cur.is_cuda and not bool(active.any()):  # CPU: no device to sync, stop early
+            break
         safe = cur.clamp(min=0)
         token = candidates[rows, safe].to(torch.int64)
         p = tp[prob_row, token].to(f32)
