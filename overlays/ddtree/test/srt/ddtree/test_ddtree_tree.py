@@ -149,6 +149,13 @@ def test_heap_builder_rejects_bad_inputs(log_probs, token_ids, budget, match) ->
         build_ddtree_tree_from_topk(log_probs, token_ids, budget)
 
 
+def test_heap_builder_rejects_non_tensors_and_mixed_devices() -> None:
+    with pytest.raises(ValueError, match="tensors of shape"):
+        build_ddtree_tree_from_topk([[-1.0]], torch.tensor([[1]]), 1)
+    with pytest.raises(ValueError, match="on one device"):
+        build_ddtree_tree_from_topk(torch.tensor([[-1.0]]), torch.ones(1, 1, dtype=torch.int64, device="meta"), 1)
+
+
 def test_duplicates_in_different_depths_are_fine() -> None:
     # The same token at two depths is an ordinary path (e.g. "the the"), not a sibling clash.
     tree = build_ddtree_tree_from_topk(torch.log(torch.tensor([[0.6, 0.4], [0.6, 0.4]])), torch.tensor([[1, 2], [1, 2]]), 3)

@@ -323,7 +323,8 @@ def test_lossless_test_detects_duplicate_siblings() -> None:
         ({"num_speculative_tokens": 0}, "num_speculative_tokens >= 1"),
         ({"target_probs": torch.zeros(1, 6)}, r"target_probs of shape \[1, 6, V\]"),
         ({"uniform_samples": torch.zeros(1, 5)}, r"uniform_samples \[1, 6\]"),
-        ({"draft_probs": torch.zeros(1, 6, 3, dtype=torch.float64)}, "draft_probs float32"),
+        ({"draft_probs": torch.zeros(1, 6, 3, dtype=torch.float64)}, "draft_probs contiguous float32"),
+        ({"draft_probs": torch.zeros(1, 3, 6).transpose(1, 2)}, "draft_probs contiguous float32"),
         ({"use_kernel": True}, "use_kernel=True needs CUDA"),
     ],
 )

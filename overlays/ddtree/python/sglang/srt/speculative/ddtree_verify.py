@@ -307,8 +307,8 @@ def ddtree_verify_sampling(
     target_probs = target_probs.to(torch.float32).contiguous()
     if draft_probs is None:
         draft_probs = torch.zeros_like(target_probs)
-    elif draft_probs.shape != target_probs.shape or draft_probs.dtype != torch.float32:
-        raise ValueError(f"expected draft_probs float32 of shape {tuple(target_probs.shape)}")
+    elif draft_probs.shape != target_probs.shape or draft_probs.dtype != torch.float32 or not draft_probs.is_contiguous():
+        raise ValueError(f"expected draft_probs contiguous float32 of shape {tuple(target_probs.shape)} (it is written in place)")
     outs = _alloc_outputs(bs, n, num_speculative_tokens, candidates.device)
     op = _pick(use_kernel, candidates, "sampling")
     fn = op if op is not None else tree_speculative_sampling_target_only_torch
