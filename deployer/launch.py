@@ -215,8 +215,12 @@ def logs(host: Host, base: str, lines: int, follow: bool, out: Callable[[str], N
             for line in res.stdout.splitlines():
                 out(line)
             return
-        # Connections stream stderr line by line, so follow through it; runs until interrupted.
-        conn.run(["sh", "-c", 'exec tail "$@" >&2', "ddeploy", "-n", str(lines), "-F", *files], stream=out, check=False)
+        # Connections stream stderr line by line, so follow through it. --pid ends the follow (and the
+        # remote tail) when the server exits; without a running server it runs until interrupted.
+        running = alive_units(conn, record)
+        pid = [f"--pid={running[0]['pid']}"] if running else []
+        conn.run(["sh", "-c", 'exec tail "$@" >&2', "ddeploy", "-n", str(lines), "-F", *pid, *files],
+                 stream=out, check=False)
 
 
 def stop(host: Host, base: str, say: Callable[[str], None], grace: float = 30.0) -> dict:

@@ -67,21 +67,29 @@ def test_launch_starts_detached_logs_show_output_and_stop_ends_exactly_that_proc
     assert "[h1] no patch set applied: JIT kernels will compile at first use" in r.stderr
     assert not any(e.startswith(b"SGLANG_CRASH_ON_JIT_COMPILE") for e in environ)
     twin = subprocess.Popen([c.decode() for c in cmdline], stdout=subprocess.DEVNULL, start_new_session=True)
+    follow = None
     try:
         assert _wait_for(lambda: "stand-in server --model-path moonshotai/Kimi-K2.6" in
                          ddeploy("logs", "--host", "h1", "-n", "5").stdout)
+        follow = subprocess.Popen([sys.executable, "-c", "from deployer.cli import main; main()", "-i",
+                                   str(hosts.inventory_dir), "logs", "--host", "h1", "-n", "1", "--follow"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert "stand-in server --model-path" in follow.stdout.readline()
         again = ddeploy("launch", "--host", "h1", "-t", "tp8", "--set", f"server_command={server}")
         assert again.code == 7 and f"still running (pid {pid})" in again.stderr
         r = ddeploy("stop", "--host", "h1")
         assert r.code == 0 and f"h1-tp8 (pid {pid}): terminated" in r.stderr
         assert _wait_for(lambda: not _alive(pid), 5)
+        assert follow.wait(timeout=15) == 0  # --follow ends with the server
         assert twin.poll() is None, "a process with the same command line was stopped too"
         r = ddeploy("stop", "--host", "h1")
         assert r.code == 7 and "nothing to stop: last launch tp8 was stopped at" in r.stderr
         assert "stand-in server" in ddeploy("logs", "--host", "h1").stdout  # the log outlives the server
     finally:
-        twin.kill()
-        twin.wait()
+        for proc in (twin, follow):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
 
