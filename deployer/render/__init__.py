@@ -16,7 +16,7 @@ from ..errors import RenderError
 from ..inventory import Host, Inventory
 from . import validate
 from .engine import ENV_TEMPLATE, SCRIPT_TEMPLATE, environment, render_template
-from .profiles import Profiles, load_profiles
+from .profiles import HardwareProfile, Profiles, Topology, load_profiles
 from .values import Value, host_facts, parse_sets, plain, resolve
 
 __all__ = ["RenderedUnit", "render_plan", "render_hosts", "render_all", "write_units", "explain_rows", "load_profiles",
@@ -82,17 +82,29 @@ def render_plan(hosts: list[Host], topology: str, sets: list[str] | tuple[str, .
     if not hosts:
         raise RenderError("no host given: pass --host NAME (or --group NAME for a multi-node topology)")
     topo, per_host = _resolve_hosts(profiles, hosts, topology, sets, probed or {})
-    flat = [(h, plain(values)) for h, _, values in per_host]
-    validate.check_hosts(topo, hosts, flat[0][1]["nnodes"])
+    _validate(topo, per_host)
+    return _render_units(profiles, topo, per_host)
+
+
+def _validate(topo: Topology, per_host: list[tuple[Host, HardwareProfile, dict[str, Value]]]) -> None:
+    flat = [(host, plain(values)) for host, _, values in per_host]
+    validate.check_hosts(topo, [h for h, _ in flat], flat[0][1]["nnodes"])
     validate.check_same_across_nodes(flat)
     for (host, hw, _), (_, v) in zip(per_host, flat):
         validate.check_host(host, topo, hw, v)
-    init_addr = f"{flat[0][1]['node_addr']}:{flat[0][1]['dist_init_port']}"
+
+
+def _render_units(profiles: Profiles, topo: Topology,
+                  per_host: list[tuple[Host, HardwareProfile, dict[str, Value]]]) -> list[RenderedUnit]:
+    """One unit per (node, replica); every node points at rank 0's init address."""
+    rank0 = plain(per_host[0][2])
+    init_addr = f"{rank0['node_addr']}:{rank0['dist_init_port']}"
     env = environment(profiles.directory)
     units = []
     for rank, (host, _, values) in enumerate(per_host):
-        for replica in range(flat[rank][1]["replicas"]):
-            all_values = {**values, **_layout(host, topo.name, flat[rank][1], rank, replica, init_addr)}
+        v = plain(values)
+        for replica in range(v["replicas"]):
+            all_values = {**values, **_layout(host, topo.name, v, rank, replica, init_addr)}
             ctx = plain(all_values)
             units.append(RenderedUnit(host.name, topo.name, rank, replica, ctx["script_file"][:-3],
                                       render_template(env, SCRIPT_TEMPLATE, ctx), render_template(env, ENV_TEMPLATE, ctx),
