@@ -310,3 +310,11 @@ def test_a_single_node_topology_over_a_group_renders_each_host_on_its_own(tmp_pa
     assert r.code == 0, r.stderr
     assert sorted(p.name for p in tmp_path.glob("*.sh")) == ["b300-a-tp8.sh", "b300-b-tp8.sh"]
     assert "--nnodes" not in (tmp_path / "b300-b-tp8.sh").read_text()
+
+
+def test_a_topology_name_that_is_not_a_plain_file_name_is_refused(tmp_path):
+    shutil.copytree(TEMPLATES_DIR, tmp_path / "templates")
+    with open(tmp_path / "templates" / "topologies.yaml", "a") as f:
+        f.write("\n../evil:\n  values: {tp_size: 8}\n")
+    with pytest.raises(RenderError, match=r"topology name '../evil' must be letters"):
+        load_profiles(tmp_path / "templates")

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from ..errors import RenderError
-from ..inventory import Host
+from ..inventory import NAME_RE, Host
 from ..paths import TEMPLATES_DIR
 
 
@@ -82,6 +82,10 @@ def load_profiles(directory: Path | None = None) -> Profiles:
     directory = Path(directory or TEMPLATES_DIR)
     hardware = _read_mapping(directory / "hardware.yaml")
     topologies = _read_mapping(directory / "topologies.yaml")
+    for name in topologies:  # names become file and directory names on hosts
+        if not NAME_RE.match(str(name)):
+            raise RenderError(f"{directory / 'topologies.yaml'}: topology name {name!r} must be letters, digits, "
+                              "'_', '.', '-'")
     return Profiles(
         directory=directory,
         defaults=_read_mapping(directory / "defaults.yaml"),
