@@ -111,13 +111,13 @@ def verify_base(path: Path, version: str = SGLANG_VERSION) -> Base:
     expected = BASE_TREE_HASHES.get(version)
     if expected and tree != expected:
         raise BaseTreeError(f"base at {path} has tree {tree or '?'}, expected {expected} for SGLang "
-                            f"{version}; delete it and run `ddeploy base fetch`")
+                            f"{version}; rebuild it with `ddeploy base fetch --rebuild`")
     git(path, "update-index", "-q", "--refresh", check=False)
     dirty = git_out(path, "status", "--porcelain", "--untracked-files=no")
     if dirty:
         first = dirty.splitlines()[0]
-        raise BaseTreeError(f"base at {path} has local changes ({first.strip()}); delete it and run "
-                            f"`ddeploy base fetch`")
+        raise BaseTreeError(f"base at {path} has local changes ({first.strip()}); rebuild it with "
+                            f"`ddeploy base fetch --rebuild`")
     return Base(version, path, git_out(path, "rev-parse", "HEAD"), tree)
 
 

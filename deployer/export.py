@@ -199,6 +199,7 @@ def render_set(overlay_path: Path, dest: Path, *, version: str, created: str, ba
 def export_patch_set(overlay_path: Path, root: Path, *, version: str | None = None, date: str | None = None,
                      base: Base | None = None) -> ExportResult:
     """Release the overlay as `root/<version>/` (default: the next patch version); never overwrites."""
+    created = created_date(date)
     version = version or next_version(list_versions(root=root))
     if not VERSION_RE.match(version):
         raise UsageError(f"version {version!r} must look like MAJOR.MINOR.PATCH")
@@ -209,7 +210,7 @@ def export_patch_set(overlay_path: Path, root: Path, *, version: str | None = No
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".export-{version}-", dir=root))
     try:
-        result = render_set(overlay_path, tmp, version=version, created=created_date(date), base=base)
+        result = render_set(overlay_path, tmp, version=version, created=created, base=base)
         load_patch_set(tmp)  # the same checks every consumer runs: checksums, series, path safety
         if final.exists():
             raise PatchSetError(f"patch set {version} appeared at {final} while exporting; not replacing it")

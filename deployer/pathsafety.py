@@ -56,7 +56,10 @@ def split_diff_git(rest: str) -> list[str]:
     half = (len(rest) - 1) // 2
     if len(rest) % 2 == 1 and rest[half] == " " and rest[:half][2:] == rest[half + 1:][2:]:
         return [rest[:half], rest[half + 1:]]
-    return rest.split(" b/", 1) if " b/" in rest else [rest]
+    if " b/" in rest:
+        first, second = rest.split(" b/", 1)
+        return [first, "b/" + second]
+    return [rest]
 
 
 def check_path(path: str, *, patch: str, strip_prefix: bool) -> str:

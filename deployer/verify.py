@@ -10,7 +10,6 @@ The base itself is only ever cloned, never modified.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -160,9 +159,9 @@ def verify_patch_set(ps: PatchSet, *, against: Path | None = None, run_tests: bo
         if ps.base_tree and base.tree != ps.base_tree:
             raise BaseTreeError(f"patch set {ps.ident} was made for base tree {ps.base_tree}, but the "
                                 f"SGLang {base.version} base is {base.tree}; rebuild it with `ddeploy base fetch --rebuild`")
-        source, desc = base.path, f"pristine SGLang {base.version} base (tree {base.tree[:12]})"
+        source, desc = base.path, f"the pristine SGLang {base.version} base (tree {base.tree[:12]})"
     else:
-        source, desc = against, str(against)
+        source, desc = against, f"the checkout {against} (its HEAD, cloned)"
     with tempfile.TemporaryDirectory(prefix="ddeploy-verify-") as tmp:
         work = clone_base(Path(tmp) / "sglang", ps.base_version or "0.5.23", source=source, checkout=False)
         start_tree = index_tree(work)

@@ -63,7 +63,7 @@ def test_corruption_is_detected_and_rebuild_works_offline_from_the_cached_wheel(
     r = run_main("base", "fetch")
     assert r.code == 4
     assert f"expected {BASE_TREE_HASHES[SGLANG_VERSION]} for SGLang {SGLANG_VERSION}" in r.stderr
-    assert "delete it and run `ddeploy base fetch`" in r.stderr
+    assert "rebuild it with `ddeploy base fetch --rebuild`" in r.stderr
 
     (empty_cache / "wheels").mkdir()
     (empty_cache / "wheels" / wheel.name).symlink_to(wheel)

@@ -9,7 +9,7 @@ import pytest
 from deployer.export import export_patch_set, sync_differences
 from deployer.paths import overlay_dir, patch_set_root
 from deployer.patchset import list_versions, load_patch_set
-from patchset_fixtures import make_overlay, patches_root, pristine_base, run_main, small_overlay  # noqa: F401
+from patchset_fixtures import patches_root, pristine_base, run_main, small_overlay  # noqa: F401
 
 
 @pytest.fixture

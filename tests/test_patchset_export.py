@@ -27,6 +27,11 @@ def test_export_twice_gives_identical_bytes_even_with_hostile_git_config(small_o
     (home / ".gitconfig").write_text("[diff]\n\tnoprefix = true\n\tmnemonicPrefix = true\n"
                                      "[format]\n\tsignature = hacked\n\tnumbered = true\n[core]\n\tabbrev = 7\n")
     monkeypatch.setenv("HOME", str(home))
+    # Byte-code and pytest caches left by running the overlay tests in place are never exported.
+    (small_overlay / "python/ddtree_probe/__pycache__").mkdir()
+    (small_overlay / "python/ddtree_probe/__pycache__/__init__.cpython-311.pyc").write_bytes(b"\x00junk")
+    (small_overlay / ".pytest_cache").mkdir()
+    (small_overlay / ".pytest_cache/README.md").write_text("cache\n")
     b = export_patch_set(small_overlay, tmp_path / "b", version="0.1.0", date="2026-11-29")
     assert tree_bytes(a.path) == tree_bytes(b.path)
     assert sorted(tree_bytes(a.path)) == ["0001-ddtree-builder.patch", "0003-ddtree-wiring.patch",
@@ -139,3 +144,9 @@ def test_sync_check_names_the_patch_and_file_that_drifted(small_overlay, tmp_pat
     (small_overlay / "test/srt/ddtree/test_probe.py").write_text("def test_x():\n    pass\n")
     assert sync_differences(small_overlay, released) == [
         "0001-ddtree-builder.patch: differs (~test/srt/ddtree/test_probe.py)"]
+
+
+def test_bad_date_is_a_usage_error(small_overlay, patches_root):
+    r = run_main("patches", "export", "--overlay", str(small_overlay), "--date", "29/11/2026")
+    assert r.code == 2 and "--date '29/11/2026' is not a date (YYYY-MM-DD)" in r.stderr
+    assert not patches_root.exists()

@@ -94,6 +94,7 @@ def test_quoted_paths_are_unquoted_then_checked():
     assert split_diff_git('"a/x y" "b/x y"') == ['"a/x y"', '"b/x y"']
     assert split_diff_git("a/x y b/x y") == ["a/x y", "b/x y"]
     assert split_diff_git('a/plain "b/q\\"uote"') == ["a/plain", '"b/q\\"uote"']
+    assert split_diff_git("a/x.py b/../../.bashrc") == ["a/x.py", "b/../../.bashrc"]
     ok = b'diff --git "a/python/t\\303\\251st.py" "b/python/t\\303\\251st.py"\n'
     assert patch_paths(ok, patch="p") == ["python/tést.py"]
     evil = b'diff --git "a/\\056\\056/evil" "b/\\056\\056/evil"\n'  # octal-escaped ".."
@@ -179,3 +180,16 @@ def test_verify_refuses_a_flipped_byte(patches_root, pristine_base):
     r = run_main("patches", "verify", "0.1.0", "--no-tests")
     assert r.code == 4
     assert "patch 0001-ddtree-ok.patch" in r.stderr and "was modified: sha256" in r.stderr
+
+
+def test_verify_refuses_a_set_made_for_another_base(patches_root, pristine_base):
+    write_raw_set(patches_root / "0.1.0", {"0001-ddtree-ok.patch": new_file_patch("python/ok.py")},
+                  tree="0" * 40)
+    r = run_main("patches", "verify", "--no-tests")
+    assert r.code == 4
+    assert f"was made for base tree {'0' * 40}, but the SGLang 0.5.23 base is {pristine_base.tree}" in r.stderr
+
+
+def test_asymmetric_diff_git_line_reports_the_full_unsafe_path():
+    with pytest.raises(PathSafetyError, match=r"patch p: path '\.\./\.\./\.bashrc' escapes"):
+        patch_paths(b"diff --git a/x.py b/../../.bashrc\n", patch="p")

@@ -67,7 +67,7 @@ def patches_export(version: str | None, date: str | None, overlay: str | None) -
 
 
 def _print_verify(report: VerifyReport) -> None:
-    say(f"verifying {report.ident} against the {report.against}")
+    say(f"verifying {report.ident} against {report.against}")
     for r in report.results:
         say(r.line())
     if report.reversed_ok is not None:
