@@ -106,7 +106,9 @@ class Connection:
             input: bytes | None = None) -> RunResult:
         raise NotImplementedError
 
-    def rsync_to(self, local_path: Path | str, remote_path: str, *, delete: bool = False) -> None:
+    def rsync_to(self, local_path: Path | str, remote_path: str, *, delete: bool = False,
+                 checksum: bool = False) -> None:
+        """Copy like `rsync -a` (checksum=True compares contents, not size and mtime)."""
         raise NotImplementedError
 
     def rsync_from(self, remote_path: str, local_path: Path | str) -> None:
@@ -121,8 +123,8 @@ class Connection:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _rsync(self, src: str, dst: str, ssh_cmd: list[str] | None, delete: bool) -> None:
-        argv = ["rsync", "-a", "--mkpath", *(["--delete"] if delete else [])]
+    def _rsync(self, src: str, dst: str, ssh_cmd: list[str] | None, delete: bool, checksum: bool = False) -> None:
+        argv = ["rsync", "-a", "--mkpath", *(["--delete"] if delete else []), *(["--checksum"] if checksum else [])]
         if ssh_cmd:
             argv += ["-e", quote_argv(ssh_cmd)]
         proc = subprocess.run([*argv, "--", src, dst], capture_output=True, text=True)
@@ -149,8 +151,8 @@ class LocalConnection(Connection):
         out, err = _pump_local(proc, input, stream, timeout, self.name)
         return _check(self.name, argv, RunResult(proc.returncode, out, err), check)
 
-    def rsync_to(self, local_path, remote_path, *, delete=False):
-        self._rsync(str(local_path), str(remote_path), None, delete)
+    def rsync_to(self, local_path, remote_path, *, delete=False, checksum=False):
+        self._rsync(str(local_path), str(remote_path), None, delete, checksum)
 
     def rsync_from(self, remote_path, local_path):
         self._rsync(str(remote_path), str(local_path), None, False)
@@ -291,8 +293,8 @@ class SSHConnection(Connection):
         # rsync parses "host:path"; the path is not given to a shell by modern rsync (protect-args).
         return f"{self.host.ssh.host}:{path}"
 
-    def rsync_to(self, local_path, remote_path, *, delete=False):
-        self._rsync(str(local_path), self._remote(str(remote_path)), self.ssh_command(), delete)
+    def rsync_to(self, local_path, remote_path, *, delete=False, checksum=False):
+        self._rsync(str(local_path), self._remote(str(remote_path)), self.ssh_command(), delete, checksum)
 
     def rsync_from(self, remote_path, local_path):
         self._rsync(self._remote(str(remote_path)), str(local_path), self.ssh_command(), False)

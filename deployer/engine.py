@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .connection import Connection, open_connection
-from .errors import StateError
 from .inventory import Host
 from .patchset import PatchSet
 from .remote import call_agent
@@ -80,19 +79,6 @@ def _request(ps: PatchSet | None, opts: Options, remote_dir: str | None = None) 
     return req
 
 
-def _require_checkout(conn: Connection, host: Host) -> None:
-    if conn.run(["test", "-d", f"{host.checkout.rstrip('/')}/.git"], check=False).rc != 0:
-        raise StateError(f"{host.checkout} is not a git checkout on this host; clone SGLang 0.5.23 there or "
-                         f"fix `checkout` in {host.source}", host=host.name)
-
-
-def ship_set(conn: Connection, host: Host, ps: PatchSet) -> str:
-    """rsync the patch set into the checkout's .git (the work tree stays clean); returns the host dir."""
-    remote = f"{host.checkout.rstrip('/')}/{SETS_DIR}/{ps.name}-{ps.version}-{ps.fingerprint()[:12]}"
-    conn.rsync_to(f"{ps.path}/", f"{remote}/")
-    return remote
-
-
 def plan_host(host: Host, ps: PatchSet, opts: Options, say: Say) -> Outcome:
     ensure_local_checkout(host)
     with connect(host, opts) as conn:
@@ -115,10 +101,15 @@ def push_host(host: Host, ps: PatchSet, opts: Options, say: Say) -> Outcome:
     if opts.dry_run:
         return plan_host(host, ps, opts, say)
     ensure_local_checkout(host)
+    remote_dir = f"{host.checkout.rstrip('/')}/{SETS_DIR}/{ps.name}-{ps.version}-{ps.fingerprint()[:12]}"
+    request = _request(ps, opts, remote_dir)
     with connect(host, opts) as conn:
-        _require_checkout(conn, host)
-        remote_dir = ship_set(conn, host, ps)
-        res = call_agent(conn, host, "push", _request(ps, opts, remote_dir), stream=say)
+        # One round trip when the set is already on the host (a repeated push); else rsync it first.
+        res = call_agent(conn, host, "push", request, stream=say, passthrough=("NeedShip",))
+        if not res.get("ok"):
+            say(f"shipping {ps.name} {ps.version} ({len(ps.patches)} patches) with rsync")
+            conn.rsync_to(f"{ps.path}/", f"{remote_dir}/", checksum=True)
+            res = call_agent(conn, host, "push", request, stream=say)
     if not res["changed"]:
         return Outcome(f"unchanged ({ps.name} {ps.version} already applied)", res)
     applied = res["applied"]

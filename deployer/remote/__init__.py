@@ -33,8 +33,10 @@ def error_for(kind: str, message: str, host: str) -> errors.DeployError:
 
 
 def call_agent(conn: Connection, host: Host, op: str, request: dict[str, Any], *,
-               stream: Callable[[str], None] | None = None, timeout: float | None = None) -> dict[str, Any]:
-    """Run one agent operation on the host; returns its result or raises the error it reported."""
+               stream: Callable[[str], None] | None = None, timeout: float | None = None,
+               passthrough: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run one agent operation on the host; returns its result or raises the error it reported
+    (error kinds in `passthrough` come back as the result instead)."""
     req = {"op": op, "checkout": host.checkout, **request}
     res = conn.run([host.python, "-c", agent_source(), op], input=json.dumps(req).encode(), check=False,
                    stream=stream, timeout=timeout)
@@ -46,5 +48,7 @@ def call_agent(conn: Connection, host: Host, op: str, request: dict[str, Any], *
     result = json.loads(lines[-1])
     if not result.get("ok"):
         err = result.get("error") or {}
+        if err.get("kind") in passthrough:
+            return result
         raise error_for(str(err.get("kind")), str(err.get("message", "unknown agent error")), host.name)
     return result

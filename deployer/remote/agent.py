@@ -231,8 +231,13 @@ def load_patches(req: dict, workdir: str) -> list:
                 fh.write(data)
         else:
             path = os.path.join(spec["dir"], p["name"])
-            with open(path, "rb") as fh:
-                data = fh.read()
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read()
+            except OSError:
+                raise Fail("NeedShip", "patch set not on the host yet")
+            if hashlib.sha256(data).hexdigest() != p["sha256"]:
+                raise Fail("NeedShip", "patch %s on the host differs; ship it again" % p["name"])
         if hashlib.sha256(data).hexdigest() != p["sha256"]:
             raise Fail("ChecksumError", "patch %s arrived corrupted on the host (sha256 mismatch); push again" % p["name"])
         out.append((p["name"], path, p["sha256"], p["files"]))
@@ -442,9 +447,11 @@ def transact(repo: Repo, req: dict, op: str, target: str, old_head: str, extra_f
 
 def op_push(repo: Repo, req: dict) -> dict:
     spec, opts = req["set"], req.get("options", {})
+    if not os.path.isdir(repo.gitdir):
+        raise Fail("StateError", "%s is not a git checkout (no .git directory); clone SGLang there first" % repo.path)
     workdir = tempfile.mkdtemp(prefix="ddeploy-push-")
     try:
-        patches = load_patches(req, workdir)
+        patches = load_patches(req, workdir)  # NeedShip: the client rsyncs the set and asks again
         acquire(repo, req)
         try:
             recovered = recover(repo)
