@@ -150,3 +150,14 @@ def test_bad_date_is_a_usage_error(small_overlay, patches_root):
     r = run_main("patches", "export", "--overlay", str(small_overlay), "--date", "29/11/2026")
     assert r.code == 2 and "--date '29/11/2026' is not a date (YYYY-MM-DD)" in r.stderr
     assert not patches_root.exists()
+
+
+def test_symlink_in_overlay_and_unlisted_hunk_are_export_errors(small_overlay, tmp_path):
+    link = small_overlay / "python/ddtree_probe/link.py"
+    link.symlink_to("/etc/passwd")
+    with pytest.raises(PatchSetError, match="overlay file python/ddtree_probe/link.py is a symlink"):
+        export_patch_set(small_overlay, tmp_path / "sets", date="2026-11-29")
+    link.unlink()
+    (small_overlay / "hunks" / "builder.patch").write_text("")
+    with pytest.raises(PatchSetError, match="hunk file hunks/builder.patch is listed by no concern"):
+        export_patch_set(small_overlay, tmp_path / "sets", date="2026-11-29")
