@@ -91,6 +91,39 @@ def test_pruned_and_unpruned_selection_both_equal_heap() -> None:
     assert certified_runs > 0 and uncertified_runs > 0  # both paths exercised
 
 
+def test_certificate_catches_over_pruning(monkeypatch) -> None:
+    """Narrow the candidate pairs far below the safe bound: whenever the certificate still
+    passes, the pruned trees must equal the heap's; and it must fail on some inputs."""
+    real_pairs = ddtree_batched._pair_lists.__wrapped__
+
+    def narrow(num_parents, k, budget, prune):
+        slots, ranks, widths = real_pairs(num_parents, k, budget, prune)
+        if not prune:
+            return slots, ranks, widths
+        widths = tuple(min(w, 2 if i < 2 else 1) for i, w in enumerate(widths))
+        slots = tuple(i for i, w in enumerate(widths) for _ in range(w))
+        ranks = tuple(j for w in widths for j in range(w))
+        return slots, ranks, widths
+
+    monkeypatch.setattr(ddtree_batched, "_pair_lists", narrow)
+    gen = torch.Generator().manual_seed(17)
+    caught = passed = 0
+    for trial in range(40):
+        budget = int(torch.randint(3, 30, (1,), generator=gen))
+        lp, ids = _random_drafts(gen, 8, 3, 4, trial % 4)
+        if trial % 2:  # steep drafts and small budgets: the narrowed pairs can still suffice
+            lp[..., 1:] -= 20.0
+            budget = 3 + trial % 5
+        pruned, certified = ddtree_batched._select_trees(lp.to(torch.float64), ids, budget, None, prune=True)
+        if bool(certified):
+            passed += 1
+            _assert_equals_heap(pruned, lp, ids, budget)
+        else:
+            caught += 1
+        _assert_equals_heap(build_ddtree_batched(lp, ids, budget), lp, ids, budget)  # fallback repairs it
+    assert caught > 0 and passed > 0, (caught, passed)
+
+
 def test_large_budget_typical_shape() -> None:
     gen = torch.Generator().manual_seed(7)
     logits = torch.randn(4, 15, 32, generator=gen) * 3

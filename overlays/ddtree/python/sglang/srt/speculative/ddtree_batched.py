@@ -247,8 +247,10 @@ def _expand_level(prev: _Level, lp_d: torch.Tensor, budget: int, prune: bool) ->
 def _certify(levels: list[_Level], lp: torch.Tensor, budget: int) -> torch.Tensor:
     """True when no pruned pair could belong to the tree (see module docstring).
 
-    For parent slot i the first pruned rank is J = budget // (i + 1); its weight must be
-    strictly below the budget-th best kept weight (-inf if fewer were kept, which fails).
+    For parent slot i the first pruned rank is its pair width (min(K, budget // (i + 1)));
+    that child's weight must be strictly below the budget-th best kept weight (-inf if fewer
+    were kept, which fails). The argument holds for any widths, so the certificate reads them
+    from ``_pair_lists`` rather than re-deriving the bound.
     """
     k = lp.shape[2]
     if budget == 0:
@@ -261,7 +263,7 @@ def _certify(levels: list[_Level], lp: torch.Tensor, budget: int) -> torch.Tenso
     ok = torch.ones((), dtype=torch.bool, device=lp.device)
     for d in range(1, len(levels)):
         parent = levels[d - 1]
-        first_pruned = [budget // (i + 1) for i in range(parent.weight.shape[1])]
+        first_pruned = _pair_lists(parent.weight.shape[1], k, budget, True)[2]
         if min(first_pruned) >= k:  # nothing was pruned below this level
             continue
         idx = torch.tensor([min(j, k - 1) for j in first_pruned], dtype=torch.int64, device=lp.device)
@@ -322,6 +324,8 @@ def _assemble(
     parent_flat = torch.cat([lvl.parent + offsets[d] for d, lvl in enumerate(kept)], dim=1)
     rank_flat = torch.cat([lvl.rank for lvl in kept], dim=1)
 
+    # Kept slots always cover the tree; min() only guards results the certificate rejects.
+    real = min(real, weight.shape[1])
     order = _sort_by_key(weight, pre)[:, :real]  # [bs, real] indices into the kept levels
     sel_depth = level_of.take(order)
     sel_rank = rank_flat.gather(1, order)
