@@ -97,3 +97,24 @@ def patch_sets(tmp_path_factory, _isolated_cache):
     from sshd_hosts import build_test_patch_sets
 
     return build_test_patch_sets(tmp_path_factory.mktemp("sets"))
+
+
+@pytest.fixture(scope="session")
+def python_hosts(tmp_path_factory, _isolated_cache):
+    """sshd hosts k1 (sm_120) and k2 (sm_103) whose python imports SGLang from their own checkout
+    (tests/host_env.py); for `ddeploy build` and `ddeploy test --remote`."""
+    from host_env import start_python_fleet
+
+    fleet = start_python_fleet(tmp_path_factory.mktemp("pyhosts"))
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+
+
+@pytest.fixture(scope="session")
+def kernel_sets(tmp_path_factory, _isolated_cache):
+    """{"good", "kernel_changed", "broken_test"}: patch sets exported from a snapshot of the overlay."""
+    from host_env import export_test_sets
+
+    return export_test_sets(tmp_path_factory.mktemp("kernel-sets"))

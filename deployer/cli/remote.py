@@ -66,14 +66,21 @@ def _push_args(fn):
 @_push_args
 @click.option("--dry-run", "-n", is_flag=True, help="Show the plan; write nothing on any host.")
 @click.option("--force", is_flag=True, help="Save hand edits on the host (recoverably), then go on.")
+@click.option("--build", "build_after", is_flag=True,
+              help="After a successful apply that changed kernel sources, build the kernels (ddeploy build).")
 @click.pass_context
 def push(ctx, names, groups, all_hosts, parallel, fail_fast, as_json, accept_new_host_keys, version, three_way,
-         dry_run, force):
+         dry_run, force, build_after):
     """Apply a patch set to the hosts' SGLang checkouts (atomically, recorded in git on the host)."""
     ps = load_patch_set(version)  # verified (checksums, path safety) before any host is touched
     opts = _options(accept_new_host_keys, dry_run=dry_run, three_way=three_way, force=force)
-    _fleet(ctx, names, groups, all_hosts, parallel, fail_fast, as_json,
-           lambda h, say: engine.push_host(h, ps, opts, say))
+    op = lambda h, say: engine.push_host(h, ps, opts, say)  # noqa: E731
+    if build_after and not dry_run:  # kernel build concern (deployer/build.py)
+        from ..build import BuildOptions, push_then_build
+
+        push_op, bopts = op, BuildOptions(accept_new_host_keys=accept_new_host_keys)
+        op = lambda h, say: push_then_build(h, push_op, bopts, say)  # noqa: E731
+    _fleet(ctx, names, groups, all_hosts, parallel, fail_fast, as_json, op)
 
 
 @cli.command()

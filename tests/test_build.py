@@ -1,0 +1,183 @@
+"""`ddeploy build` on real sshd hosts: real nvcc compiles through SGLang's JIT loader.
+
+Compiles are the expensive part (6-10 s per module per arch on 2 cores): the first build of k1
+(sm_120) and k2 (sm_103) happens once per session (`built`); the rebuild test adds one source
+hash on k1. Every failure case stops before nvcc runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+
+import pytest
+
+from conftest import run_cli
+from host_env import jit_leaves, variant_inventory
+
+pytestmark = pytest.mark.sshd
+
+NVCC = "/usr/local/cuda/bin/nvcc"
+needs_nvcc = pytest.mark.skipif(not os.path.exists(NVCC), reason=f"no CUDA toolkit at {NVCC}")
+
+
+def state_of(host) -> dict:
+    return json.loads(host.git("cat-file", "blob", "refs/ddeploy/state:state.json"))
+
+
+def push(fleet, set_dir, *names) -> None:
+    args = [a for n in names for a in ("--host", n)]
+    r = run_cli("push", *args, "--version", str(set_dir), inventory=fleet.inventory_dir)
+    assert r.code == 0, r.stderr
+
+
+def source_hash(host) -> str:
+    """What build.py hashes, recomputed here from the files on disk."""
+    files = sorted(p.relative_to(host.checkout).as_posix()
+                   for p in (host.checkout / "python/sglang/kernels/jit").rglob("ddtree*") if p.is_file())
+    files += [f"python/sglang/srt/speculative/{n}" for n in ("ddtree_build.py", "ddtree_kernel.py")]
+    lines = "".join(f"{hashlib.sha256((host.checkout / f).read_bytes()).hexdigest()}  {f}\n" for f in sorted(files))
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+@pytest.fixture(scope="session")
+def built(python_hosts, kernel_sets):
+    """The good set pushed to k1 and k2 and built there once; yields the CLI result."""
+    if not os.path.exists(NVCC):
+        pytest.skip(f"no CUDA toolkit at {NVCC}")
+    push(python_hosts, kernel_sets["good"], "k1", "k2")
+    return run_cli("build", "--host", "k1", "--host", "k2", "--json", inventory=python_hosts.inventory_dir)
+
+
+@pytest.fixture
+def fleet(python_hosts, kernel_sets):
+    """The session fleet with the good set applied on both hosts (restored after a test changed it)."""
+    push(python_hosts, kernel_sets["good"], "k1", "k2")
+    return python_hosts
+
+
+@needs_nvcc
+def test_build_compiles_for_each_hosts_arch_and_records_it(built, python_hosts):
+    assert built.code == 0, built.stderr
+    k1, k2 = python_hosts.hosts
+    for host, tag, compute in ((k1, "sm120", "compute_120"), (k2, "sm103", "compute_103")):
+        digest = source_hash(host)
+        for module in ("speculative_ddtree", "speculative_tree"):
+            [leaf] = jit_leaves(host.root, module)
+            assert leaf.parts[-5] == tag + ("f" if tag == "sm120" else "a")
+            assert leaf.parts[-6] == digest[:16]  # one cache dir per kernel-source hash
+            assert compute in (leaf.parent / "build.ninja").read_text()
+        rec = state_of(host)["builds"][f"sm_{tag[2:]}"]
+        assert rec["ok"] and rec["nvcc"] == "13.0" and rec["source_hash"] == digest and rec["version"] == "0.1.0"
+        assert rec["cache_dir"] == str(host.root / "jit" / digest[:16])
+        modules = {m["module"]: m for m in rec["modules"]}
+        assert modules["speculative_ddtree"]["status"] == "built"
+        assert modules["speculative_sampling"]["status"] == "skipped"
+        assert "flashinfer" in modules["speculative_sampling"]["reason"]
+    assert "[k1] ddtree_build: built speculative_ddtree arch=12.0" in built.stderr
+    assert "[k2] ddtree_build: built speculative_tree arch=10.3" in built.stderr
+    assert f"SGLANG_JIT_CACHE_DIR={k1.root / 'jit' / source_hash(k1)[:16]} SGLANG_CRASH_ON_JIT_COMPILE=1" in built.stderr
+    results = {r["host"]: r for r in json.loads(built.stdout)}
+    assert results["k1"]["changed"] and results["k2"]["changed"]
+
+
+@needs_nvcc
+def test_second_build_is_a_noop_and_status_shows_the_build(built, fleet):
+    k1 = fleet.hosts[0]
+    before = {p: p.stat().st_mtime_ns for p in jit_leaves(k1.root, "speculative_ddtree")}
+    r = run_cli("build", "--host", "k1", "--json", inventory=fleet.inventory_dir)
+    assert r.code == 0, r.stderr
+    assert "[k1] nothing to build: already built for these sources (version 0.1.0" in r.stderr
+    assert json.loads(r.stdout)[0]["changed"] is False
+    assert {p: p.stat().st_mtime_ns for p in jit_leaves(k1.root, "speculative_ddtree")} == before
+    status = run_cli("status", "--host", "k1", inventory=fleet.inventory_dir)
+    assert status.code == 0, status.stderr
+    assert "sm_120 ok" in status.stderr
+
+
+@needs_nvcc
+def test_changed_kernel_source_rebuilds_and_rollback_reuses_the_old_build(built, fleet, kernel_sets):
+    k1 = fleet.hosts[0]
+    old_hash = source_hash(k1)
+    r = run_cli("push", "--host", "k1", "--version", str(kernel_sets["kernel_changed"]), "--build",
+                inventory=fleet.inventory_dir)
+    assert r.code == 0, r.stderr
+    new_hash = source_hash(k1)
+    assert new_hash != old_hash
+    assert "[k1] building (no build for these kernel sources, arch and nvcc yet)" in r.stderr
+    dirs = {leaf.parts[-6] for leaf in jit_leaves(k1.root, "speculative_ddtree")}
+    assert dirs == {old_hash[:16], new_hash[:16]}
+    rec = state_of(k1)["builds"]["sm_120"]
+    assert rec["source_hash"] == new_hash
+    # Only the DDTree kernel depends on the changed source: SGLang's tree module is reused.
+    assert {m["module"]: m["status"] for m in rec["modules"]}["speculative_tree"] == "cached"
+    # Back to 0.1.0: its build is still cached, so push --build finds nothing to compile.
+    r = run_cli("push", "--host", "k1", "--version", str(kernel_sets["good"]), "--build", inventory=fleet.inventory_dir)
+    assert r.code == 0, r.stderr
+    assert "[k1] nothing to build: already built for these sources (version 0.1.0" in r.stderr
+    assert state_of(k1)["builds"]["sm_120"]["source_hash"] == old_hash
+
+
+@needs_nvcc
+def test_push_build_skips_the_build_when_kernel_sources_did_not_change(built, fleet, kernel_sets):
+    r = run_cli("push", "--host", "k2", "--version", str(kernel_sets["broken_test"]), "--build",
+                inventory=fleet.inventory_dir)
+    assert r.code == 0, r.stderr
+    assert "[k2] kernel sources unchanged by this push; no build" in r.stderr
+    assert "[k2] building (" not in r.stderr and "ddtree_build:" not in r.stderr
+
+
+def _fake_tool(path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\n{text}")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def test_an_arch_the_toolkit_lacks_fails_clearly(fleet, tmp_path):
+    inv = variant_inventory(fleet, tmp_path / "inv", "k1", gpu={"arch": "sm_70"})
+    r = run_cli("build", "--host", "k1", inventory=inv)
+    assert r.code == 8, r.stderr
+    assert "nvcc 13.0 at /usr/local/cuda/bin/nvcc cannot build sm_70 (its --list-gpu-arch: compute_75" in r.stderr
+
+
+def test_an_nvcc_too_old_for_sm103_fails_clearly(fleet, tmp_path):
+    cuda = tmp_path / "cuda-12.8"
+    _fake_tool(cuda / "bin" / "nvcc", 'echo "Cuda compilation tools, release 12.8, V12.8.93"\n')
+    inv = variant_inventory(fleet, tmp_path / "inv", "k2", env={"CUDA_HOME": str(cuda)})
+    r = run_cli("build", "--host", "k2", inventory=inv)
+    assert r.code == 8, r.stderr
+    assert "[k2] FAILED" in r.stderr and f"sm_103 needs nvcc >= 12.9, but {cuda}/bin/nvcc is 12.8" in r.stderr
+
+
+def test_a_missing_nvcc_fails_clearly(fleet, tmp_path):
+    inv = variant_inventory(fleet, tmp_path / "inv", "k1", env={"CUDA_HOME": str(tmp_path / "no-cuda")})
+    r = run_cli("build", "--host", "k1", inventory=inv)
+    assert r.code == 8, r.stderr
+    assert "[k1] FAILED" in r.stderr and f"no working nvcc at {tmp_path / 'no-cuda'}/bin/nvcc" in r.stderr
+
+
+def test_inventory_and_nvidia_smi_disagreeing_fails_naming_both(fleet, tmp_path):
+    real = subprocess.run(["sh", "-c", "echo $PATH"], capture_output=True, text=True).stdout.strip()
+    _fake_tool(tmp_path / "bin" / "nvidia-smi",
+               'echo "NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0"\n'
+               'echo "NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0"\n')
+    inv = variant_inventory(fleet, tmp_path / "inv", "k2", env={"PATH": f"{tmp_path / 'bin'}:{real}"})
+    r = run_cli("build", "--host", "k2", inventory=inv)
+    assert r.code == 8, r.stderr
+    assert ("inventory says gpu.arch sm_103 (NVIDIA B300 SXM6)" in r.stderr and
+            "nvidia-smi reports NVIDIA RTX PRO 6000 Blackwell Server Edition, compute capability 12.0 (sm_120)"
+            in r.stderr)
+
+
+def test_build_refuses_a_checkout_without_a_patch_set(python_hosts, tmp_path):
+    from deployer.base import clone_base
+
+    clone_base(tmp_path / "pristine")
+    inv = variant_inventory(python_hosts, tmp_path / "inv", "k1", checkout=str(tmp_path / "pristine"))
+    r = run_cli("build", "--host", "k1", inventory=inv)
+    assert r.code == 8, r.stderr
+    assert "[k1] FAILED" in r.stderr
+    assert f"no patch set is applied to {tmp_path / 'pristine'}; push one first" in r.stderr
