@@ -9,6 +9,11 @@ manifest.yaml:
     base: {sglang: 0.5.23, tree: <git tree hash of the pristine base>}
     patches:
       - {name: 0001-ddtree-builder.patch, concern: builder, sha256: <hex>, files: [python/...]}
+    skipped: [{concern: sampling, reason: ...}]    # optional: concerns with nothing to export
+
+Released sets live under $DDEPLOY_PATCHES_DIR/<name> when set, else the project's patches/<name>.
+The `files` of a Patch are always re-derived from the verified patch bytes, never trusted from
+the manifest.
 """
 
 from __future__ import annotations

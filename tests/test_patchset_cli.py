@@ -77,3 +77,13 @@ def test_newest_released_set_is_in_sync_with_the_overlay():
     problems = sync_differences(overlay_dir(), root / versions[-1])
     assert not problems, (f"overlays/ddtree differs from released patch set {versions[-1]}: "
                           f"{'; '.join(problems)}. Run `ddeploy patches export` to release a new version.")
+
+
+def test_list_reports_a_tampered_set_without_hiding_the_others(two_versions):
+    patch = two_versions / "0.1.0" / "0003-ddtree-wiring.patch"
+    patch.write_bytes(patch.read_bytes().replace(b"DDTree", b"DDtree", 1))
+    r = run_main("patches", "list")
+    assert r.code == 4
+    rows = [line.split() for line in r.stderr.splitlines()]
+    assert rows[2][:2] == ["0.1.1", "2026-11-30"] and rows[3][:2] == ["0.1.0", "INVALID"]
+    assert "1 released set(s) failed verification: 0.1.0: patch 0003-ddtree-wiring.patch" in r.stderr

@@ -112,20 +112,33 @@ def patches_verify(version: str | None, no_tests: bool, against: str | None, as_
     say(f"{report.ident}: OK")
 
 
+def _load_all() -> tuple[list[PatchSet], dict[str, str]]:
+    """Every released set; a broken one is reported by version instead of hiding the others."""
+    sets, broken = [], {}
+    for v in list_versions(root=sets_root()):
+        try:
+            sets.append(load_patch_set(v))
+        except PatchSetError as exc:
+            broken[v] = str(exc)
+    return sets, broken
+
+
 @patches.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 def patches_list(as_json: bool) -> None:
     """Released versions with their dates, base and patch count."""
-    sets = [load_patch_set(v) for v in list_versions(root=sets_root())]
+    sets, broken = _load_all()
     if as_json:
-        emit_json([_set_json(ps) for ps in sets])
-        return
-    if not sets:
+        emit_json([_set_json(ps) for ps in sets] + [{"version": v, "error": e} for v, e in broken.items()])
+    elif sets or broken:
+        rows = [[ps.version, ps.created, f"sglang {ps.base_version}", ps.base_tree[:12], str(len(ps.patches))]
+                for ps in sets] + [[v, "INVALID", "-", "-", "-"] for v in broken]
+        say(table(rows, ["version", "created", "base", "base tree", "patches"]))
+    else:
         say(f"no released patch sets under {sets_root()}")
-        return
-    rows = [[ps.version, ps.created, f"sglang {ps.base_version}", ps.base_tree[:12], str(len(ps.patches))]
-            for ps in sets]
-    say(table(rows, ["version", "created", "base", "base tree", "patches"]))
+    if broken:
+        raise PatchSetError(f"{len(broken)} released set(s) failed verification: " +
+                            "; ".join(f"{v}: {e}" for v, e in broken.items()))
 
 
 @patches.command("show")
