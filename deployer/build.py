@@ -269,8 +269,10 @@ def prebuild_argv(host: Host, plan: BuildPlan, force: bool) -> list[str]:
 
 def run_prebuild(conn: Connection, host: Host, plan: BuildPlan, force: bool, say: Say) -> dict[str, Any]:
     """Run the prebuild on the host (stderr streamed), return its JSON summary."""
+    # Bytecode goes into the checkout's .git so the work tree stays clean (no drift).
     res = conn.run(prebuild_argv(host, plan, force), cwd=host.checkout, check=False, stream=say,
-                   env={"CUDA_HOME": plan.toolkit.cuda_home})
+                   env={"CUDA_HOME": plan.toolkit.cuda_home,
+                        "PYTHONPYCACHEPREFIX": f"{host.checkout.rstrip('/')}/.git/ddeploy/pycache"})
     try:
         summary = json.loads(res.stdout)
     except json.JSONDecodeError:

@@ -29,6 +29,7 @@ from .state import read_state, update_state
 Say = Callable[[str], None]
 TEST_DIR = "test/srt/ddtree"
 REMOTE_REPORTS = ".git/ddeploy/test-reports"
+PYCACHE = ".git/ddeploy/pycache"  # bytecode of test runs goes here: the work tree stays clean
 
 
 @dataclass(frozen=True)
@@ -98,10 +99,11 @@ def _stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{time.monotonic_ns() % 1000000:06d}"
 
 
-def run_suite(conn: Connection, name: str, python: str, cwd: str, junit_remote: str, local: Path,
-              expr: str | None, say: Say) -> tuple[int, JUnitSummary | None]:
+def run_suite(conn: Connection, python: str, cwd: str, junit_remote: str, local: Path, expr: str | None,
+              say: Say) -> tuple[int, JUnitSummary | None]:
     """pytest on the connection, then fetch its report to `local`; (rc, summary or None)."""
-    res = conn.run(pytest_argv(python, TEST_DIR, junit_remote, expr), cwd=cwd, check=False, stream=say)
+    res = conn.run(pytest_argv(python, TEST_DIR, junit_remote, expr), cwd=cwd, check=False, stream=say,
+                   env={"PYTHONPYCACHEPREFIX": f"{cwd.rstrip('/')}/{PYCACHE}"})
     local.parent.mkdir(parents=True, exist_ok=True)
     try:
         conn.rsync_from(junit_remote, str(local))
@@ -141,8 +143,7 @@ def test_host(host: Host, opts: TestOptions, say: Say) -> Outcome:
         say(f"running {TEST_DIR} of {applied.get('name')} {applied.get('version')} with {host.python}"
             + (f" (-k {opts.expr})" if opts.expr else ""))
         local = opts.reports / host.name / f"{stamp}.xml"
-        rc, summary = run_suite(conn, host.name, host.python, host.checkout, f"{reports}/{stamp}.xml", local,
-                                opts.expr, say)
+        rc, summary = run_suite(conn, host.python, host.checkout, f"{reports}/{stamp}.xml", local, opts.expr, say)
         record = _record(summary, rc, applied.get("version"), opts.expr, local)
         update_state(conn, host, "tests", record, message=f"test {applied.get('version')}: {record['summary']}")
     return verdict(host.name, record)

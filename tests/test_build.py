@@ -77,6 +77,7 @@ def test_build_compiles_for_each_hosts_arch_and_records_it(built, python_hosts):
         assert modules["speculative_ddtree"]["status"] == "built"
         assert modules["speculative_sampling"]["status"] == "skipped"
         assert "flashinfer" in modules["speculative_sampling"]["reason"]
+        assert host.git("status", "--porcelain") == ""  # bytecode went into .git, not the work tree
     assert "[k1] ddtree_build: built speculative_ddtree arch=12.0" in built.stderr
     assert "[k2] ddtree_build: built speculative_tree arch=10.3" in built.stderr
     assert f"SGLANG_JIT_CACHE_DIR={k1.root / 'jit' / source_hash(k1)[:16]} SGLANG_CRASH_ON_JIT_COMPILE=1" in built.stderr
