@@ -1,5 +1,5 @@
 """The checkout's lock: a directory `<checkout>/.git/ddeploy/lock` created with an atomic mkdir,
-holding `owner.json` ({"user", "host", "pid", "time", "command"}). Whoever creates the directory
+holding `owner.json` ({"by": "user@host", "user", "host", "pid", "time", "command"}). Whoever creates the directory
 holds the lock; everyone else gets a LockError naming the holder.
 
 The deploy engine takes the lock on the host itself (deployer/remote/agent.py, same layout);
@@ -29,8 +29,9 @@ def lock_dir(host: Host) -> str:
 
 
 def owner_info(command: str) -> dict[str, Any]:
-    return {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(),
-            "time": time.time(), "command": command}
+    user, host = getpass.getuser(), socket.gethostname()
+    return {"by": f"{user}@{host}", "user": user, "host": host, "pid": os.getpid(), "time": time.time(),
+            "command": command}
 
 
 def describe_owner(owner: dict[str, Any] | None) -> str:

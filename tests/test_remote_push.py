@@ -129,3 +129,55 @@ def test_three_way_only_on_request(hosts, ddeploy, patch_sets):
     assert h3.git("status", "--porcelain") == ""
     assert ddeploy("rollback", "--host", "h3").code == 0
     assert h3.git("rev-parse", "HEAD") == user_commit and h3.git("rev-parse", "HEAD^{tree}") == user_tree
+
+
+def test_status_of_a_host_without_a_checkout(hosts, tmp_path):
+    import yaml
+
+    from conftest import run_cli
+
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    doc = yaml.safe_load((hosts.inventory_dir / "h1.yaml").read_text())
+    doc["checkout"] = str(tmp_path / "missing")
+    (inv / "h1.yaml").write_text(yaml.safe_dump(doc))
+    r = run_cli("status", "--host", "h1", inventory=inv)
+    assert r.code == 7 and "does not exist on this host" in r.stderr
+    r = run_cli("push", "--host", "h1", "--version", "0.9.9", inventory=inv)
+    assert r.code == 4  # unknown version: refused before connecting
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.fixture(scope="session")
+def real_release(tmp_path_factory, _isolated_cache):
+    """The latest released DDTree patch set, else one exported from the overlay into a tmp dir."""
+    from deployer.patchset import list_versions, load_patch_set, resolve_dir
+
+    if list_versions():
+        return resolve_dir("latest")
+    import os
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("release")
+    proc = subprocess.run([sys.executable, "-c", "from deployer.cli import main; main()", "patches", "export",
+                           "--version", "0.1.0"], env={**os.environ, "DDEPLOY_PATCHES_DIR": str(root)},
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"the overlay cannot be exported right now: {proc.stderr.strip()[-200:]}")
+    return load_patch_set("0.1.0", root=root / "ddtree").path
+
+
+def test_real_release_pushes_and_rolls_back(hosts, ddeploy, real_release):
+    from deployer.patchset import load_patch_set
+
+    ps = load_patch_set(str(real_release))
+    h2 = hosts.hosts[1]
+    r = ddeploy("push", "--host", "h2", "--version", str(real_release))
+    assert r.code == 0, r.stderr
+    assert h2.git("rev-parse", f"HEAD~{len(ps.patches)}") == hosts.base_commit
+    changed = set(h2.git("diff", "--name-only", hosts.base_commit, "HEAD").splitlines())
+    assert changed == set(ps.files)
+    assert h2.git("status", "--porcelain") == ""
+    assert ddeploy("rollback", "--host", "h2").code == 0
+    assert h2.git("rev-parse", "HEAD^{tree}") == hosts.base_tree

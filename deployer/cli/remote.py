@@ -12,7 +12,7 @@ import sys
 import click
 
 from .. import engine
-from ..errors import UsageError
+from ..errors import ConnectError, UsageError
 from ..fleet import HostResult, run_fleet, raise_if_failed, summary_table
 from ..output import emit_json, say, table
 from ..patchset import load_patch_set
@@ -114,8 +114,10 @@ def status_table(results: list[HostResult]) -> str:
         d = r.data
         if r.ok:
             rows.append([r.host, "yes", d["applied"], d["drift"], d["lock"], d["builds"], d["tests"]])
-        else:
+        elif isinstance(r.error, ConnectError):
             rows.append([r.host, f"no: {r.summary}"[:70], "?", "?", "?", "?", "?"])
+        else:  # reachable, but the checkout cannot be read (missing, not git, ...)
+            rows.append([r.host, "yes", f"error: {r.summary}"[:70], "?", "?", "?", "?"])
     return table(rows, ["host", "reachable", "applied", "drift", "lock", "builds", "tests"])
 
 
