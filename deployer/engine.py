@@ -49,11 +49,12 @@ def connect(host: Host, opts: Options) -> Connection:
     return open_connection(host, accept_new_host_keys=opts.accept_new_host_keys)
 
 
-def ensure_local_checkout(host: Host) -> None:
+def ensure_local_checkout(host: Host, say: Say) -> None:
     """The built-in `local` host's checkout is a clone of the pristine base, made on first use."""
     if host.is_local and not (Path(host.checkout) / ".git").exists():
         from .base import clone_base
 
+        say(f"first use: creating {host.checkout} from the pristine SGLang base (builds the base if needed)")
         clone_base(Path(host.checkout))
 
 
@@ -80,7 +81,7 @@ def _request(ps: PatchSet | None, opts: Options, remote_dir: str | None = None) 
 
 
 def plan_host(host: Host, ps: PatchSet, opts: Options, say: Say) -> Outcome:
-    ensure_local_checkout(host)
+    ensure_local_checkout(host, say)
     with connect(host, opts) as conn:
         res = call_agent(conn, host, "plan", _request(ps, opts), stream=say)
     return Outcome(describe_plan(res["plan"], ps), {"plan": res["plan"]})
@@ -100,7 +101,7 @@ def describe_plan(plan: dict[str, Any], ps: PatchSet) -> str:
 def push_host(host: Host, ps: PatchSet, opts: Options, say: Say) -> Outcome:
     if opts.dry_run:
         return plan_host(host, ps, opts, say)
-    ensure_local_checkout(host)
+    ensure_local_checkout(host, say)
     remote_dir = f"{host.checkout.rstrip('/')}/{SETS_DIR}/{ps.name}-{ps.version}-{ps.fingerprint()[:12]}"
     request = _request(ps, opts, remote_dir)
     with connect(host, opts) as conn:

@@ -57,14 +57,27 @@ class Progress:
         self.running: dict[str, float] = {}
         self.done = 0
         self.total = total
+        self._stop = threading.Event()
+        if self.tty:  # keep the footer's clocks moving while hosts work silently
+            threading.Thread(target=self._tick, daemon=True).start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(1.0):
+            with self.lock:
+                if self.running:
+                    self.stream.write("\r\x1b[K" + self._footer())
+                    self.stream.flush()
+
+    def _footer(self) -> str:
+        names = ", ".join(f"{h} {time.monotonic() - t:.0f}s" for h, t in self.running.items())
+        return f"[{self.done}/{self.total} done] running: {names}"
 
     def _write(self, text: str) -> None:
         if self.tty:
             self.stream.write("\r\x1b[K")
         self.stream.write(text + "\n")
         if self.tty and self.running:
-            names = ", ".join(f"{h} {time.monotonic() - t:.0f}s" for h, t in self.running.items())
-            self.stream.write(f"[{self.done}/{self.total} done] running: {names}")
+            self.stream.write(self._footer())
         self.stream.flush()
 
     def line(self, host: str, text: str) -> None:
@@ -84,6 +97,7 @@ class Progress:
             self._write(f"[{result.host}] {verdict} in {result.duration:.2f}s: {result.summary}")
 
     def close(self) -> None:
+        self._stop.set()
         if self.tty:
             with self.lock:
                 self.stream.write("\r\x1b[K")
