@@ -9,7 +9,7 @@ import click
 
 from ..build import BuildOptions, build_host
 from ..errors import UsageError
-from ..fleet import run_fleet, raise_if_failed, summary_table
+from ..fleet import raise_if_failed, run_fleet
 from ..inventory import local_host
 from ..output import emit_json, table
 from ..patchset import load_patch_set
@@ -48,7 +48,6 @@ def test_cmd(ctx, names, groups, all_hosts, parallel, fail_fast, as_json, accept
                if remote else run_fleet([local_host()], lambda h, say: test_local(opts, say)))
     click.echo(table(result_rows(results), ["host", "result", "passed", "failed", "skipped", "errors", "duration"]),
                err=True)
-    click.echo(summary_table(results), err=True)
     if as_json:
         emit_json([r.to_json() for r in results])
     raise_if_failed(results)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import math
 import os
 import sys
@@ -75,13 +76,17 @@ def _find_leaf(root: Path, module: str) -> Optional[Path]:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
-def _build_one(name: str, arch: str, root: Path, load: Callable[[], object]) -> ModuleResult:
+def _build_one(name: str, arch: str, root: Path, load: Callable[[], object],
+               log: Callable[[str], None]) -> ModuleResult:
     before = _shared_objects(root)
     start = time.monotonic()
     try:
         load()
-    except Exception as exc:  # a compiler error: report it, keep building the others
-        detail = " ".join(str(exc).split())[-2000:]
+    except Exception as exc:  # a compiler error: show nvcc's diagnostics, keep building the others
+        lines = str(exc).splitlines()
+        for line in lines[-200:]:
+            log(f"  {name}: {line}")
+        detail = " ".join(" ".join(lines).split())[-2000:]
         return ModuleResult(name, arch, "failed", time.monotonic() - start, reason=detail)
     seconds = time.monotonic() - start
     new = sorted(p for p in _shared_objects(root) - before if p.parts[-4].startswith(f"sgl_kernel_jit_{name}"))
@@ -137,6 +142,8 @@ def build_all(major: int, minor: int, *, vocab_size: int = KIMI_K2_VOCAB, only: 
 
     arch = f"{major}.{minor}"
     root = cache_root()
+    # Building without a GPU is the point: SGLang's "Cannot detect CUDA architecture" is noise here.
+    logging.getLogger("sglang.kernels.jit.utils.arch").setLevel(logging.ERROR)
     summary = BuildSummary(arch=arch, cache_dir=str(root))
     modules = [("speculative_ddtree", _load_ddtree), ("speculative_tree", _load_tree),
                ("speculative_sampling", _sampling_loader(vocab_size))]
@@ -148,7 +155,7 @@ def build_all(major: int, minor: int, *, vocab_size: int = KIMI_K2_VOCAB, only: 
                 result = ModuleResult(name, arch, "skipped", reason=reason)
             else:
                 log(f"building {name} for sm_{major}{minor} ...")
-                result = _build_one(name, arch, root, load)
+                result = _build_one(name, arch, root, load, log)
             summary.modules.append(result)
             log(_describe(result))
     return summary
