@@ -247,6 +247,9 @@ class SSHConnection(Connection):
 
     def _open(self) -> None:
         target = f"{self.fc.user}@{self.fc.host}:{self.fc.port}"
+        gw = self.fc.gateway
+        if gw is not None and not isinstance(gw, str):
+            target += f" (via ProxyJump {gw.user}@{gw.host}:{gw.port})"
         try:
             self.fc.open()
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
