@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -140,7 +141,7 @@ def test_deploy_killed_mid_switch_is_completed_by_the_next_push(hosts, ddeploy, 
     assert h2.git("rev-parse", "HEAD~2") == hosts.base_commit
 
 
-def test_lock_status_and_release(hosts, ddeploy):
+def test_lock_status_and_release(hosts, ddeploy, monkeypatch):
     h3 = hosts.hosts[2]
     lock_dir(h3).mkdir(parents=True)
     (lock_dir(h3) / "owner.json").write_text(json.dumps({"by": "alice@laptop", "pid": 999999, "host": "elsewhere",
@@ -148,6 +149,9 @@ def test_lock_status_and_release(hosts, ddeploy):
     r = ddeploy("lock", "status", "--host", "h3")
     assert r.code == 0
     assert re.search(r"held by alice@laptop pid 999999 running `ddeploy push` for 6\d\ds", r.stderr)
+    monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
+    r = ddeploy("lock", "release", "--host", "h3")  # asks first; "n" -> aborted, lock kept
+    assert r.code == 130 and "Release the deploy lock on h3?" in r.stderr and lock_dir(h3).exists()
     r = ddeploy("lock", "release", "--host", "h3", "--yes")
     assert r.code == 0 and "released the lock of" in r.stderr
     assert not lock_dir(h3).exists()
