@@ -85,7 +85,8 @@ class SshdHost:
         return self.root / "sshd_config"
 
     @property
-    def public_key(self) -> str:
+    def public_key(self) -> list[str]:
+        """[key type, base64 key] of the key the host presents now."""
         return self.host_key.with_suffix(".pub").read_text().split()[:2]
 
     def known_hosts_line(self) -> str:
@@ -200,8 +201,11 @@ class SshdFleet:
               prefix: str = "h") -> "SshdFleet":
         from deployer.base import clone_base, ensure_base
 
+        if not Path(SSHD).is_file() or not shutil.which("rsync"):
+            raise RuntimeError("the sshd test hosts need openssh-server and rsync: "
+                               "apt-get install -y openssh-server rsync (scripts/test.sh does)")
         root.mkdir(parents=True, exist_ok=True)
-        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
         base = ensure_base()
         client_key = root / "client_ed25519"
         _keygen(client_key, "ddeploy-test-client")
