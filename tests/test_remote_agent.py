@@ -28,3 +28,30 @@ def test_agent_reports_errors_as_json_not_tracebacks(tmp_path):
     proc = subprocess.run([sys.executable, str(AGENT_PATH), "explode"], capture_output=True, text=True,
                           input=json.dumps({"checkout": str(tmp_path)}))
     assert json.loads(proc.stdout)["error"]["kind"] == "UsageError"
+
+
+def test_plan_is_data_computed_before_anything_is_written(tmp_path, patch_sets):
+    """The same plan object drives dry-run, push and --json; here on a local checkout, no network."""
+    from deployer.base import clone_base, ensure_base
+    from deployer.engine import Options, plan_host
+    from deployer.inventory import local_host
+    from deployer.patchset import load_patch_set
+
+    checkout = clone_base(tmp_path / "co")
+    host = local_host().model_copy(update={"checkout": str(checkout)})
+    base = ensure_base()
+    lines: list[str] = []
+    out = plan_host(host, load_patch_set(str(patch_sets["v2"])), Options(dry_run=True), lines.append)
+    plan = out.data["plan"]
+    assert out.summary == "would apply ddtree 0.2.0 (3 patches, 3 files)"
+    assert plan == {
+        "action": "apply", "blocked": None, "drift": [], "from": None, "head": base.commit,
+        "pre_deploy": base.commit, "version": "0.2.0",
+        "files": ["python/sglang/srt/speculative/ddtree_stub.py", "python/sglang/version.py",
+                  "python/sglang/__init__.py"],
+        "patches": [
+            {"name": "0001-builder.patch", "files": ["python/sglang/srt/speculative/ddtree_stub.py"], "ok": True,
+             "error": None},
+            {"name": "0002-wiring.patch", "files": ["python/sglang/version.py"], "ok": True, "error": None},
+            {"name": "0003-extra.patch", "files": ["python/sglang/__init__.py"], "ok": True, "error": None}]}
+    assert not (checkout / ".git" / "ddeploy").exists()
