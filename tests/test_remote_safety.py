@@ -83,7 +83,7 @@ def test_hand_edit_before_the_first_push_blocks_it(hosts, ddeploy, patch_sets):
 
 def test_racing_pushes_one_wins_the_other_names_the_holder(hosts, ddeploy, patch_sets):
     h1 = hosts.hosts[0]
-    first = cli_process(hosts, "push", "--host", "h1", "--version", str(patch_sets["v1"]), pause="2")
+    first = cli_process(hosts, "push", "--host", "h1", "--version", str(patch_sets["v1"]), pause="4")
     try:
         wait_for(lambda: (lock_dir(h1) / "owner.json").exists(), what="the first push to take the lock")
         r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v2"]))
@@ -107,7 +107,7 @@ def _tree_is_old_or_new(h, base_tree: str) -> str:
 
 def test_connection_cut_mid_push_leaves_old_or_new_and_the_next_push_completes(hosts, ddeploy, patch_sets):
     h1 = hosts.hosts[0]
-    push = cli_process(hosts, "push", "--host", "h1", "--version", str(patch_sets["v1"]), pause="2")
+    push = cli_process(hosts, "push", "--host", "h1", "--version", str(patch_sets["v1"]), pause="4")
     wait_for(lambda: (lock_dir(h1) / "owner.json").exists(), what="the push to start on the host")
     h1.stop()
     _out, err = push.communicate(timeout=60)
