@@ -114,7 +114,8 @@ def python_hosts(tmp_path_factory, _isolated_cache):
 
 @pytest.fixture(scope="session")
 def kernel_sets(tmp_path_factory, _isolated_cache):
-    """{"good", "kernel_changed", "broken_test"}: patch sets exported from a snapshot of the overlay."""
+    """{"good", "kernel_changed", "broken_test", "kernel_broken"}: patch sets exported from a snapshot of the
+    overlay (tests/host_env.py)."""
     from host_env import export_test_sets
 
     return export_test_sets(tmp_path_factory.mktemp("kernel-sets"))

@@ -6,7 +6,7 @@ site-packages holds one .pth: the host checkout's `python/` (exactly what `pip i
 writes) and the shared venv's site-packages (torch, tvm-ffi, triton, ... no stub modules).
 
     fleet = start_python_fleet(root)       # 2 sshd hosts k1 (sm_120) and k2 (sm_103), own venvs
-    sets = export_test_sets(root / "sets") # good / kernel_changed / broken_test patch sets
+    sets = export_test_sets(root / "sets") # good / kernel_changed / broken_test / kernel_broken sets
     variant_inventory(fleet, dest, "k1", env={...}, gpu={"arch": "sm_70"})  # one host edited
 """
 
@@ -73,7 +73,8 @@ def variant_inventory(fleet: SshdFleet, dest: Path, host: str, **changes) -> Pat
 
 def export_test_sets(root: Path) -> dict[str, Path]:
     """Patch sets exported from a snapshot of the overlay: 0.1.0 good, 0.1.1 kernel source changed,
-    0.1.2 = 0.1.0 with a deliberately failing kernel test added."""
+    0.1.2 = 0.1.0 with a deliberately failing kernel test added, 0.1.3 = 0.1.0 with a kernel source
+    nvcc rejects."""
     from deployer.export import export_patch_set
 
     sets: dict[str, Path] = {}
@@ -87,6 +88,10 @@ def export_test_sets(root: Path) -> dict[str, Path]:
     (overlay / BROKEN_TEST).write_text('"""Deliberately broken (ddeploy test --remote must report it)."""\n\n\n'
                                        "def test_deliberately_broken():\n    assert 1 + 1 == 3\n")
     sets["broken_test"] = export_patch_set(overlay, root / "released", version="0.1.2", date="2026-11-29").path
+    (overlay / BROKEN_TEST).unlink()
+    (overlay / KERNEL_CORE).write_bytes(core + b"\nthis is not C++;\n")
+    sets["kernel_broken"] = export_patch_set(overlay, root / "released", version="0.1.3", date="2026-11-29").path
+    (overlay / KERNEL_CORE).write_bytes(core)
     return sets
 
 

@@ -8,6 +8,7 @@ hash on k1. Every failure case stops before nvcc runs.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import stat
@@ -18,10 +19,14 @@ import pytest
 from conftest import run_cli
 from host_env import jit_leaves, variant_inventory
 
-pytestmark = pytest.mark.sshd
+pytestmark = [pytest.mark.sshd, pytest.mark.nvcc]
 
 NVCC = "/usr/local/cuda/bin/nvcc"
-needs_nvcc = pytest.mark.skipif(not os.path.exists(NVCC), reason=f"no CUDA toolkit at {NVCC}")
+# The hosts' python shares this venv's packages: SGLang's JIT loader needs its runtime (setup-venv.sh --full).
+MISSING = (f"no CUDA toolkit at {NVCC}" if not os.path.exists(NVCC) else
+           "SGLang's runtime packages are not installed (scripts/setup-venv.sh --full)"
+           if importlib.util.find_spec("tvm_ffi") is None else None)
+needs_nvcc = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 
 def state_of(host) -> dict:
@@ -46,8 +51,8 @@ def source_hash(host) -> str:
 @pytest.fixture(scope="session")
 def built(python_hosts, kernel_sets):
     """The good set pushed to k1 and k2 and built there once; yields the CLI result."""
-    if not os.path.exists(NVCC):
-        pytest.skip(f"no CUDA toolkit at {NVCC}")
+    if MISSING:
+        pytest.skip(MISSING)
     push(python_hosts, kernel_sets["good"], "k1", "k2")
     return run_cli("build", "--host", "k1", "--host", "k2", "--json", inventory=python_hosts.inventory_dir)
 
@@ -182,3 +187,20 @@ def test_build_refuses_a_checkout_without_a_patch_set(python_hosts, tmp_path):
     assert r.code == 8, r.stderr
     assert "[k1] FAILED" in r.stderr
     assert f"no patch set is applied to {tmp_path / 'pristine'}; push one first" in r.stderr
+
+
+@needs_nvcc
+def test_a_compile_error_fails_the_host_with_nvccs_diagnostics(built, fleet, kernel_sets):
+    k1 = fleet.hosts[0]
+    push(fleet, kernel_sets["kernel_broken"], "k1")
+    r = run_cli("build", "--host", "k1", inventory=fleet.inventory_dir)
+    assert r.code == 8, r.stderr
+    nvcc_lines = [line for line in r.stderr.splitlines() if line.startswith("[k1] ddtree_build:   speculative_ddtree: ")]
+    assert any("ddtree_core.cuh" in line and "error" in line for line in nvcc_lines), r.stderr  # nvcc's own words
+    assert "kernel build for sm_120 failed (exit 1): speculative_ddtree:" in r.stderr
+    assert state_of(k1)["builds"]["sm_120"]["ok"] is False
+    assert "sm_120 FAILED" in run_cli("status", "--host", "k1", inventory=fleet.inventory_dir).stderr
+    push(fleet, kernel_sets["good"], "k1")
+    r = run_cli("build", "--host", "k1", inventory=fleet.inventory_dir)  # the good build is still there
+    assert r.code == 0 and "nothing to build" in r.stderr, r.stderr
+    assert state_of(k1)["builds"]["sm_120"]["ok"] is True
