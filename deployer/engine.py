@@ -84,7 +84,17 @@ def plan_host(host: Host, ps: PatchSet, opts: Options, say: Say) -> Outcome:
     ensure_local_checkout(host, say)
     with connect(host, opts) as conn:
         res = call_agent(conn, host, "plan", _request(ps, opts), stream=say)
+    for line in plan_details(res["plan"]):
+        say(line)
     return Outcome(describe_plan(res["plan"], ps), {"plan": res["plan"]})
+
+
+def plan_details(plan: dict[str, Any]) -> list[str]:
+    """One line per patch checked and per hand edit found."""
+    lines = [f"patch {p['name']}: {'applies' if p['ok'] else 'CONFLICT ' + str(p['error'])} "
+             f"({', '.join(p['files'])})" for p in plan.get("patches", [])]
+    lines += [f"hand edit: {d}" for d in plan.get("drift", [])]
+    return lines
 
 
 def describe_plan(plan: dict[str, Any], ps: PatchSet) -> str:

@@ -57,6 +57,7 @@ def test_dry_run_and_plan_write_nothing(hosts, ddeploy, patch_sets):
     plan = json.loads(r.stdout)[0]["data"]["plan"]
     assert plan["action"] == "apply" and [p["ok"] for p in plan["patches"]] == [True, True]
     assert "would apply ddtree 0.1.0 (2 patches, 2 files)" in r.stderr
+    assert f"[h1] patch 0002-wiring.patch: applies ({VERSION_PY})" in r.stderr
     r = ddeploy("plan", "--host", "h1", "--version", str(patch_sets["v2"]))
     assert r.code == 0 and "would apply ddtree 0.2.0 (3 patches, 3 files)" in r.stderr
     assert snapshot(h1) == before
