@@ -23,7 +23,7 @@ import json
 import re
 import shlex
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 from .connection import Connection, open_connection
