@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .connection import Connection, open_connection
+from .errors import ConflictError, DriftError
 from .inventory import Host
 from .patchset import PatchSet
 from .remote import call_agent
@@ -84,9 +85,13 @@ def plan_host(host: Host, ps: PatchSet, opts: Options, say: Say) -> Outcome:
     ensure_local_checkout(host, say)
     with connect(host, opts) as conn:
         res = call_agent(conn, host, "plan", _request(ps, opts), stream=say)
-    for line in plan_details(res["plan"]):
+    plan = res["plan"]
+    for line in plan_details(plan):
         say(line)
-    return Outcome(describe_plan(res["plan"], ps), {"plan": res["plan"]})
+    if plan.get("blocked"):  # a plan that push would refuse fails, so scripts can gate on it
+        err = DriftError if plan.get("drift") and not opts.force else ConflictError
+        raise err(f"push would be refused: {plan['blocked']}", host=host.name)
+    return Outcome(describe_plan(plan, ps), {"plan": plan})
 
 
 def plan_details(plan: dict[str, Any]) -> list[str]:

@@ -120,6 +120,10 @@ def test_three_way_only_on_request(hosts, ddeploy, patch_sets):
     path.write_text("".join(lines))
     h3.git("commit", "-q", "-am", "local tweak")  # the user's own commit: the pre-deploy state
     user_commit, user_tree = h3.git("rev-parse", "HEAD"), h3.git("rev-parse", "HEAD^{tree}")
+    r = ddeploy("plan", "--host", "h3", "--version", str(patch_sets["v1"]))
+    assert r.code == 7 and "[h3] patch 0002-wiring.patch: CONFLICT error: patch failed" in r.stderr
+    assert "push would be refused: patch 0002-wiring.patch does not apply" in r.stderr
+    assert ddeploy("plan", "--host", "h3", "--version", str(patch_sets["v1"]), "--3way").code == 0
     r = ddeploy("push", "--host", "h3", "--version", str(patch_sets["v1"]))
     assert r.code == 7 and "0002-wiring.patch does not apply" in r.stderr and "--3way" in r.stderr
     assert h3.git("rev-parse", "HEAD") == user_commit and h3.git("for-each-ref", "refs/ddeploy") == ""
