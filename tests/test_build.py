@@ -178,6 +178,16 @@ def test_inventory_and_nvidia_smi_disagreeing_fails_naming_both(fleet, tmp_path)
             in r.stderr)
 
 
+@needs_nvcc
+def test_a_matching_nvidia_smi_confirms_the_arch(built, fleet, tmp_path):
+    real = subprocess.run(["sh", "-c", "echo $PATH"], capture_output=True, text=True).stdout.strip()
+    _fake_tool(tmp_path / "bin" / "nvidia-smi", 'echo "NVIDIA B300 SXM6, 10.3"\n')
+    inv = variant_inventory(fleet, tmp_path / "inv", "k2", env={"PATH": f"{tmp_path / 'bin'}:{real}"})
+    r = run_cli("build", "--host", "k2", inventory=inv)
+    assert r.code == 0, r.stderr
+    assert "[k2] arch sm_103 (NVIDIA B300 SXM6, checked with nvidia-smi)" in r.stderr
+
+
 def test_build_refuses_a_checkout_without_a_patch_set(python_hosts, tmp_path):
     from deployer.base import clone_base
 
