@@ -42,6 +42,19 @@ class Timeouts:
     command: float | None = None  # default per-command limit (None: no limit)
     keepalive: int = 15     # seconds between keepalives; a dead peer is noticed
 
+    @classmethod
+    def from_env(cls) -> "Timeouts":
+        """Defaults, overridden by DDEPLOY_{CONNECT,BANNER,AUTH,COMMAND}_TIMEOUT (seconds)."""
+        values = {}
+        for name in ("connect", "banner", "auth", "command"):
+            raw = os.environ.get(f"DDEPLOY_{name.upper()}_TIMEOUT")
+            if raw:
+                try:
+                    values[name] = float(raw)
+                except ValueError:
+                    raise ConnectError(f"DDEPLOY_{name.upper()}_TIMEOUT={raw!r} is not a number of seconds") from None
+        return cls(**values)
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -175,7 +188,7 @@ def _pump_local(proc: subprocess.Popen, input: bytes | None, stream: Stream | No
         if not ready:
             proc.kill()
             proc.wait()
-            raise RemoteCommandError(f"command timed out after {timeout:.0f}s", host=host)
+            raise RemoteCommandError(f"command timed out after {timeout:g}s", host=host)
         for fd in ready:
             data = os.read(fd, 65536)
             if not data:
@@ -341,7 +354,7 @@ def _pump_channel(chan: paramiko.Channel, input: bytes | None, stream: Stream | 
             break
         if deadline and time.monotonic() > deadline:
             chan.close()
-            raise RemoteCommandError(f"command timed out after {timeout:.0f}s", host=host)
+            raise RemoteCommandError(f"command timed out after {timeout:g}s", host=host)
         transport = chan.get_transport()
         if transport is None or not transport.is_active():
             raise EOFError("the SSH transport closed")

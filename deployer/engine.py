@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .connection import Connection, open_connection
+from .connection import Connection, Timeouts, open_connection
 from .errors import ConflictError, DriftError
 from .inventory import Host
 from .patchset import PatchSet
@@ -47,7 +47,7 @@ def who() -> str:
 
 
 def connect(host: Host, opts: Options) -> Connection:
-    return open_connection(host, accept_new_host_keys=opts.accept_new_host_keys)
+    return open_connection(host, accept_new_host_keys=opts.accept_new_host_keys, timeouts=Timeouts.from_env())
 
 
 def ensure_local_checkout(host: Host, say: Say) -> None:
@@ -173,7 +173,8 @@ def summarize_builds(builds: Any) -> str:
     parts = []
     for arch, info in sorted(builds.items()):
         ok = info.get("ok") if isinstance(info, dict) else None
-        parts.append(f"{arch}{'' if ok is None else (' ok' if ok else ' FAILED')}")
+        version = f" ({info['version']})" if isinstance(info, dict) and info.get("version") else ""
+        parts.append(f"{arch}{'' if ok is None else (' ok' if ok else ' FAILED')}{version}")
     return ", ".join(parts)
 
 

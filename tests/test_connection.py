@@ -123,3 +123,18 @@ def test_local_connection_runs_argv_without_a_shell(tmp_path):
         assert conn.run(["printf", "%s", "$(id) ;"]).stdout == "$(id) ;"
         conn.rsync_to(__file__, str(tmp_path / "x" / "copy.py"))
     assert (tmp_path / "x" / "copy.py").read_text().startswith('"""The connection layer')
+
+
+def test_command_timeout_from_the_environment(hosts, monkeypatch):
+    from deployer.connection import Timeouts
+
+    monkeypatch.setenv("DDEPLOY_COMMAND_TIMEOUT", "0.5")
+    monkeypatch.setenv("DDEPLOY_BANNER_TIMEOUT", "3")
+    t = Timeouts.from_env()
+    assert t.command == 0.5 and t.banner == 3 and t.connect == Timeouts().connect
+    with open_connection(_host(hosts, "h1"), timeouts=t) as conn:
+        with pytest.raises(RemoteCommandError, match=r"\[h1\] command timed out after 0.5s"):
+            conn.run(["sleep", "5"])
+    monkeypatch.setenv("DDEPLOY_CONNECT_TIMEOUT", "soon")
+    with pytest.raises(ConnectError, match="is not a number"):
+        Timeouts.from_env()

@@ -186,3 +186,19 @@ def test_real_release_pushes_and_rolls_back(hosts, ddeploy, real_release):
     assert h2.git("status", "--porcelain") == ""
     assert ddeploy("rollback", "--host", "h2").code == 0
     assert h2.git("rev-parse", "HEAD^{tree}") == hosts.base_tree
+
+
+def test_status_shows_kernel_builds_and_last_remote_test(hosts, ddeploy):
+    from deployer.connection import open_connection
+    from deployer.inventory import Inventory
+    from deployer.state import update_state
+
+    host = Inventory.load(hosts.inventory_dir).get("h3")
+    with open_connection(host) as conn:
+        update_state(conn, host, "builds", {"sm_120": {"ok": True, "version": "0.1.0", "source_hash": "ab"}},
+                     message="build sm_120")
+        update_state(conn, host, "tests", {"ok": False, "summary": "3 passed, 1 failed"}, message="test")
+    r = ddeploy("status", "--host", "h3", "--json")
+    row = json.loads(r.stdout)[0]["data"]
+    assert row["builds"] == "sm_120 ok (0.1.0)" and row["tests"] == "FAILED 3 passed, 1 failed"
+    assert "sm_120 ok (0.1.0)" in r.stderr
