@@ -122,11 +122,21 @@ def verify_case(torch, mods, gen, vocab: int):
     return candidates, retrieve, torch.softmax(logits, dim=-1), lp.shape[1] + 1
 
 
+def compare_verify(torch, kind: str, trial: int, kernel_result, torch_result) -> None:
+    for name in ("predicts", "accept_index", "accept_token_num"):
+        got, want = getattr(kernel_result, name), getattr(torch_result, name)
+        if not torch.equal(got, want):
+            fail(f"{kind} verify: SGLang kernel != torch twin on trial {trial}, {name}: {got.tolist()} vs {want.tolist()}")
+
+
 def check_verify(torch, mods, trials: int, vocab: int = 1000) -> bool:
+    """Greedy always; sampling where SGLang's sampling kernel can be built (flashinfer headers)."""
+    import importlib.util
+
     _, _, _, verify_mod = mods
-    if verify_mod._sglang_kernel("sampling") is None:
-        log("verify: SKIPPED, SGLang's sampling kernel does not import here")
-        return False
+    sampling = importlib.util.find_spec("flashinfer") is not None and verify_mod._sglang_kernel("sampling") is not None
+    if not sampling:
+        log("verify: sampling comparison SKIPPED: flashinfer (needed by SGLang's sampling kernel) is not installed")
     gen = torch.Generator().manual_seed(7)
     start, accepted = time.monotonic(), 0
     for trial in range(trials):
@@ -134,24 +144,19 @@ def check_verify(torch, mods, trials: int, vocab: int = 1000) -> bool:
         bs, n = candidates.shape
         coins = torch.rand(bs, n, generator=gen).cuda()
         final = torch.rand(bs, generator=gen).cuda()
-        results = []
-        for use_kernel in (True, False):
-            results.append(verify_mod.ddtree_verify_sampling(candidates, retrieve, probs, coins, final, spec,
-                                                             draft_probs=torch.zeros_like(probs),
-                                                             use_kernel=use_kernel))
-        target_predict = probs.argmax(dim=-1)
-        for use_kernel in (True, False):
-            results.append(verify_mod.ddtree_verify_greedy(candidates, retrieve, target_predict, spec,
-                                                           use_kernel=use_kernel))
-        for kind, (k, t) in (("sampling", results[0:2]), ("greedy", results[2:4])):
-            for name in ("predicts", "accept_index", "accept_token_num"):
-                if not torch.equal(getattr(k, name), getattr(t, name)):
-                    fail(f"{kind} verify: SGLang kernel != torch twin on trial {trial}, {name}: "
-                         f"{getattr(k, name).tolist()} vs {getattr(t, name).tolist()}")
-        accepted += int(results[0].accept_token_num.sum())
-    log(f"verify: sampling and greedy, SGLang kernel == torch twin on {trials} trials "
-        f"({accepted} draft tokens accepted, {time.monotonic() - start:.1f}s)")
-    return True
+        greedy = [verify_mod.ddtree_verify_greedy(candidates, retrieve, probs.argmax(dim=-1), spec, use_kernel=k)
+                  for k in (True, False)]
+        compare_verify(torch, "greedy", trial, *greedy)
+        if sampling:
+            runs = [verify_mod.ddtree_verify_sampling(candidates, retrieve, probs, coins, final, spec,
+                                                      draft_probs=torch.zeros_like(probs), use_kernel=k)
+                    for k in (True, False)]
+            compare_verify(torch, "sampling", trial, *runs)
+            accepted += int(runs[0].accept_token_num.sum())
+    kinds = "sampling and greedy" if sampling else "greedy"
+    log(f"verify: {kinds}, SGLang kernel == torch twin on {trials} trials "
+        f"({accepted} draft tokens accepted by sampling, {time.monotonic() - start:.1f}s)")
+    return sampling
 
 
 def timed(torch, fn, iters: int = 20) -> float:
