@@ -119,3 +119,10 @@ def kernel_sets(tmp_path_factory, _isolated_cache):
     from host_env import export_test_sets
 
     return export_test_sets(tmp_path_factory.mktemp("kernel-sets"))
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """run_cli for tests that pass their own inventory (`from conftest import` is ambiguous when the
+    overlay's tests, which have their own conftest.py, are collected in the same session)."""
+    return run_cli

@@ -16,7 +16,6 @@ import subprocess
 
 import pytest
 
-from conftest import run_cli
 from host_env import jit_leaves, variant_inventory
 
 pytestmark = [pytest.mark.sshd, pytest.mark.nvcc]
@@ -33,9 +32,9 @@ def state_of(host) -> dict:
     return json.loads(host.git("cat-file", "blob", "refs/ddeploy/state:state.json"))
 
 
-def push(fleet, set_dir, *names) -> None:
+def push(cli, fleet, set_dir, *names) -> None:
     args = [a for n in names for a in ("--host", n)]
-    r = run_cli("push", *args, "--version", str(set_dir), inventory=fleet.inventory_dir)
+    r = cli("push", *args, "--version", str(set_dir), inventory=fleet.inventory_dir)
     assert r.code == 0, r.stderr
 
 
@@ -49,18 +48,18 @@ def source_hash(host) -> str:
 
 
 @pytest.fixture(scope="session")
-def built(python_hosts, kernel_sets):
+def built(cli, python_hosts, kernel_sets):
     """The good set pushed to k1 and k2 and built there once; yields the CLI result."""
     if MISSING:
         pytest.skip(MISSING)
-    push(python_hosts, kernel_sets["good"], "k1", "k2")
-    return run_cli("build", "--host", "k1", "--host", "k2", "--json", inventory=python_hosts.inventory_dir)
+    push(cli, python_hosts, kernel_sets["good"], "k1", "k2")
+    return cli("build", "--host", "k1", "--host", "k2", "--json", inventory=python_hosts.inventory_dir)
 
 
 @pytest.fixture
-def fleet(python_hosts, kernel_sets):
+def fleet(cli, python_hosts, kernel_sets):
     """The session fleet with the good set applied on both hosts (restored after a test changed it)."""
-    push(python_hosts, kernel_sets["good"], "k1", "k2")
+    push(cli, python_hosts, kernel_sets["good"], "k1", "k2")
     return python_hosts
 
 
@@ -91,24 +90,24 @@ def test_build_compiles_for_each_hosts_arch_and_records_it(built, python_hosts):
 
 
 @needs_nvcc
-def test_second_build_is_a_noop_and_status_shows_the_build(built, fleet):
+def test_second_build_is_a_noop_and_status_shows_the_build(cli, built, fleet):
     k1 = fleet.hosts[0]
     before = {p: p.stat().st_mtime_ns for p in jit_leaves(k1.root, "speculative_ddtree")}
-    r = run_cli("build", "--host", "k1", "--json", inventory=fleet.inventory_dir)
+    r = cli("build", "--host", "k1", "--json", inventory=fleet.inventory_dir)
     assert r.code == 0, r.stderr
     assert "[k1] nothing to build: already built for these sources (version 0.1.0" in r.stderr
     assert json.loads(r.stdout)[0]["changed"] is False
     assert {p: p.stat().st_mtime_ns for p in jit_leaves(k1.root, "speculative_ddtree")} == before
-    status = run_cli("status", "--host", "k1", inventory=fleet.inventory_dir)
+    status = cli("status", "--host", "k1", inventory=fleet.inventory_dir)
     assert status.code == 0, status.stderr
     assert "sm_120 ok" in status.stderr
 
 
 @needs_nvcc
-def test_changed_kernel_source_rebuilds_and_rollback_reuses_the_old_build(built, fleet, kernel_sets):
+def test_changed_kernel_source_rebuilds_and_rollback_reuses_the_old_build(cli, built, fleet, kernel_sets):
     k1 = fleet.hosts[0]
     old_hash = source_hash(k1)
-    r = run_cli("push", "--host", "k1", "--version", str(kernel_sets["kernel_changed"]), "--build",
+    r = cli("push", "--host", "k1", "--version", str(kernel_sets["kernel_changed"]), "--build",
                 inventory=fleet.inventory_dir)
     assert r.code == 0, r.stderr
     new_hash = source_hash(k1)
@@ -121,15 +120,15 @@ def test_changed_kernel_source_rebuilds_and_rollback_reuses_the_old_build(built,
     # Only the DDTree kernel depends on the changed source: SGLang's tree module is reused.
     assert {m["module"]: m["status"] for m in rec["modules"]}["speculative_tree"] == "cached"
     # Back to 0.1.0: its build is still cached, so push --build finds nothing to compile.
-    r = run_cli("push", "--host", "k1", "--version", str(kernel_sets["good"]), "--build", inventory=fleet.inventory_dir)
+    r = cli("push", "--host", "k1", "--version", str(kernel_sets["good"]), "--build", inventory=fleet.inventory_dir)
     assert r.code == 0, r.stderr
     assert "[k1] nothing to build: already built for these sources (version 0.1.0" in r.stderr
     assert state_of(k1)["builds"]["sm_120"]["source_hash"] == old_hash
 
 
 @needs_nvcc
-def test_push_build_skips_the_build_when_kernel_sources_did_not_change(built, fleet, kernel_sets):
-    r = run_cli("push", "--host", "k2", "--version", str(kernel_sets["broken_test"]), "--build",
+def test_push_build_skips_the_build_when_kernel_sources_did_not_change(cli, built, fleet, kernel_sets):
+    r = cli("push", "--host", "k2", "--version", str(kernel_sets["broken_test"]), "--build",
                 inventory=fleet.inventory_dir)
     assert r.code == 0, r.stderr
     assert "[k2] kernel sources unchanged by this push; no build" in r.stderr
@@ -142,36 +141,36 @@ def _fake_tool(path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def test_an_arch_the_toolkit_lacks_fails_clearly(fleet, tmp_path):
+def test_an_arch_the_toolkit_lacks_fails_clearly(cli, fleet, tmp_path):
     inv = variant_inventory(fleet, tmp_path / "inv", "k1", gpu={"arch": "sm_70"})
-    r = run_cli("build", "--host", "k1", inventory=inv)
+    r = cli("build", "--host", "k1", inventory=inv)
     assert r.code == 8, r.stderr
     assert "nvcc 13.0 at /usr/local/cuda/bin/nvcc cannot build sm_70 (its --list-gpu-arch: compute_75" in r.stderr
 
 
-def test_an_nvcc_too_old_for_sm103_fails_clearly(fleet, tmp_path):
+def test_an_nvcc_too_old_for_sm103_fails_clearly(cli, fleet, tmp_path):
     cuda = tmp_path / "cuda-12.8"
     _fake_tool(cuda / "bin" / "nvcc", 'echo "Cuda compilation tools, release 12.8, V12.8.93"\n')
     inv = variant_inventory(fleet, tmp_path / "inv", "k2", env={"CUDA_HOME": str(cuda)})
-    r = run_cli("build", "--host", "k2", inventory=inv)
+    r = cli("build", "--host", "k2", inventory=inv)
     assert r.code == 8, r.stderr
     assert "[k2] FAILED" in r.stderr and f"sm_103 needs nvcc >= 12.9, but {cuda}/bin/nvcc is 12.8" in r.stderr
 
 
-def test_a_missing_nvcc_fails_clearly(fleet, tmp_path):
+def test_a_missing_nvcc_fails_clearly(cli, fleet, tmp_path):
     inv = variant_inventory(fleet, tmp_path / "inv", "k1", env={"CUDA_HOME": str(tmp_path / "no-cuda")})
-    r = run_cli("build", "--host", "k1", inventory=inv)
+    r = cli("build", "--host", "k1", inventory=inv)
     assert r.code == 8, r.stderr
     assert "[k1] FAILED" in r.stderr and f"no working nvcc at {tmp_path / 'no-cuda'}/bin/nvcc" in r.stderr
 
 
-def test_inventory_and_nvidia_smi_disagreeing_fails_naming_both(fleet, tmp_path):
+def test_inventory_and_nvidia_smi_disagreeing_fails_naming_both(cli, fleet, tmp_path):
     real = subprocess.run(["sh", "-c", "echo $PATH"], capture_output=True, text=True).stdout.strip()
     _fake_tool(tmp_path / "bin" / "nvidia-smi",
                'echo "NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0"\n'
                'echo "NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0"\n')
     inv = variant_inventory(fleet, tmp_path / "inv", "k2", env={"PATH": f"{tmp_path / 'bin'}:{real}"})
-    r = run_cli("build", "--host", "k2", inventory=inv)
+    r = cli("build", "--host", "k2", inventory=inv)
     assert r.code == 8, r.stderr
     assert ("inventory says gpu.arch sm_103 (NVIDIA B300 SXM6)" in r.stderr and
             "nvidia-smi reports NVIDIA RTX PRO 6000 Blackwell Server Edition, compute capability 12.0 (sm_120)"
@@ -179,38 +178,38 @@ def test_inventory_and_nvidia_smi_disagreeing_fails_naming_both(fleet, tmp_path)
 
 
 @needs_nvcc
-def test_a_matching_nvidia_smi_confirms_the_arch(built, fleet, tmp_path):
+def test_a_matching_nvidia_smi_confirms_the_arch(cli, built, fleet, tmp_path):
     real = subprocess.run(["sh", "-c", "echo $PATH"], capture_output=True, text=True).stdout.strip()
     _fake_tool(tmp_path / "bin" / "nvidia-smi", 'echo "NVIDIA B300 SXM6, 10.3"\n')
     inv = variant_inventory(fleet, tmp_path / "inv", "k2", env={"PATH": f"{tmp_path / 'bin'}:{real}"})
-    r = run_cli("build", "--host", "k2", inventory=inv)
+    r = cli("build", "--host", "k2", inventory=inv)
     assert r.code == 0, r.stderr
     assert "[k2] arch sm_103 (NVIDIA B300 SXM6, checked with nvidia-smi)" in r.stderr
 
 
-def test_build_refuses_a_checkout_without_a_patch_set(python_hosts, tmp_path):
+def test_build_refuses_a_checkout_without_a_patch_set(cli, python_hosts, tmp_path):
     from deployer.base import clone_base
 
     clone_base(tmp_path / "pristine")
     inv = variant_inventory(python_hosts, tmp_path / "inv", "k1", checkout=str(tmp_path / "pristine"))
-    r = run_cli("build", "--host", "k1", inventory=inv)
+    r = cli("build", "--host", "k1", inventory=inv)
     assert r.code == 8, r.stderr
     assert "[k1] FAILED" in r.stderr
     assert f"no patch set is applied to {tmp_path / 'pristine'}; push one first" in r.stderr
 
 
 @needs_nvcc
-def test_a_compile_error_fails_the_host_with_nvccs_diagnostics(built, fleet, kernel_sets):
+def test_a_compile_error_fails_the_host_with_nvccs_diagnostics(cli, built, fleet, kernel_sets):
     k1 = fleet.hosts[0]
-    push(fleet, kernel_sets["kernel_broken"], "k1")
-    r = run_cli("build", "--host", "k1", inventory=fleet.inventory_dir)
+    push(cli, fleet, kernel_sets["kernel_broken"], "k1")
+    r = cli("build", "--host", "k1", inventory=fleet.inventory_dir)
     assert r.code == 8, r.stderr
     nvcc_lines = [line for line in r.stderr.splitlines() if line.startswith("[k1] ddtree_build:   speculative_ddtree: ")]
     assert any("ddtree_core.cuh" in line and "error" in line for line in nvcc_lines), r.stderr  # nvcc's own words
     assert "kernel build for sm_120 failed (exit 1): speculative_ddtree:" in r.stderr
     assert state_of(k1)["builds"]["sm_120"]["ok"] is False
-    assert "sm_120 FAILED" in run_cli("status", "--host", "k1", inventory=fleet.inventory_dir).stderr
-    push(fleet, kernel_sets["good"], "k1")
-    r = run_cli("build", "--host", "k1", inventory=fleet.inventory_dir)  # the good build is still there
+    assert "sm_120 FAILED" in cli("status", "--host", "k1", inventory=fleet.inventory_dir).stderr
+    push(cli, fleet, kernel_sets["good"], "k1")
+    r = cli("build", "--host", "k1", inventory=fleet.inventory_dir)  # the good build is still there
     assert r.code == 0 and "nothing to build" in r.stderr, r.stderr
     assert state_of(k1)["builds"]["sm_120"]["ok"] is True

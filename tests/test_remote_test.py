@@ -8,7 +8,6 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from conftest import run_cli
 from host_env import variant_inventory
 
 pytestmark = pytest.mark.sshd
@@ -18,9 +17,9 @@ pytestmark = pytest.mark.sshd
 SELECT = "kernel and not compiles"
 
 
-def push(fleet, set_dir, *names) -> None:
+def push(cli, fleet, set_dir, *names) -> None:
     args = [a for n in names for a in ("--host", n)]
-    r = run_cli("push", *args, "--version", str(set_dir), inventory=fleet.inventory_dir)
+    r = cli("push", *args, "--version", str(set_dir), inventory=fleet.inventory_dir)
     assert r.code == 0, r.stderr
 
 
@@ -34,14 +33,14 @@ def junit_totals(path) -> dict:
 
 
 @pytest.fixture
-def fleet(python_hosts, kernel_sets):
-    push(python_hosts, kernel_sets["good"], "k1", "k2")
+def fleet(cli, python_hosts, kernel_sets):
+    push(cli, python_hosts, kernel_sets["good"], "k1", "k2")
     yield python_hosts
-    push(python_hosts, kernel_sets["good"], "k1", "k2")  # leave the good set for the next test
+    push(cli, python_hosts, kernel_sets["good"], "k1", "k2")  # leave the good set for the next test
 
 
-def test_remote_tests_pass_on_two_hosts_and_bring_back_both_reports(fleet, tmp_path):
-    r = run_cli("test", "--remote", "--host", "k1", "--host", "k2", "-k", SELECT, "--report-dir", str(tmp_path),
+def test_remote_tests_pass_on_two_hosts_and_bring_back_both_reports(cli, fleet, tmp_path):
+    r = cli("test", "--remote", "--host", "k1", "--host", "k2", "-k", SELECT, "--report-dir", str(tmp_path),
                 "--json", inventory=fleet.inventory_dir)
     assert r.code == 0, r.stderr
     for host in fleet.hosts:
@@ -54,13 +53,13 @@ def test_remote_tests_pass_on_two_hosts_and_bring_back_both_reports(fleet, tmp_p
         assert host.git("status", "--porcelain") == ""  # reports live in .git, the checkout stays clean
     assert "passed" in r.stderr and "[k1] " in r.stderr  # pytest's own output, streamed per host
     assert {res["host"]: res["ok"] for res in json.loads(r.stdout)} == {"k1": True, "k2": True}
-    status = run_cli("status", "--host", "k1", inventory=fleet.inventory_dir)
+    status = cli("status", "--host", "k1", inventory=fleet.inventory_dir)
     assert "ok" in status.stderr and "passed" in status.stderr
 
 
-def test_a_broken_overlay_test_fails_only_its_host(fleet, kernel_sets, tmp_path):
-    push(fleet, kernel_sets["broken_test"], "k2")
-    r = run_cli("test", "--remote", "--host", "k1", "--host", "k2", "-k", SELECT, "--report-dir", str(tmp_path),
+def test_a_broken_overlay_test_fails_only_its_host(cli, fleet, kernel_sets, tmp_path):
+    push(cli, fleet, kernel_sets["broken_test"], "k2")
+    r = cli("test", "--remote", "--host", "k1", "--host", "k2", "-k", SELECT, "--report-dir", str(tmp_path),
                 "--json", inventory=fleet.inventory_dir)
     assert r.code == 10, r.stderr
     results = {res["host"]: res for res in json.loads(r.stdout)}
@@ -75,26 +74,26 @@ def test_a_broken_overlay_test_fails_only_its_host(fleet, kernel_sets, tmp_path)
     assert k2_state["ok"] is False and k2_state["failed"] == 1 and k2_state["version"] == "0.1.2"
 
 
-def test_refuses_a_host_where_another_set_is_applied_than_requested(fleet, kernel_sets):
-    push(fleet, kernel_sets["broken_test"], "k2")
-    r = run_cli("test", "--remote", "--host", "k2", "--version", str(kernel_sets["good"]),
+def test_refuses_a_host_where_another_set_is_applied_than_requested(cli, fleet, kernel_sets):
+    push(cli, fleet, kernel_sets["broken_test"], "k2")
+    r = cli("test", "--remote", "--host", "k2", "--version", str(kernel_sets["good"]),
                 inventory=fleet.inventory_dir)
     assert r.code == 7, r.stderr
     assert "ddtree 0.1.2 is applied, not the requested ddtree 0.1.0; push 0.1.0 first" in r.stderr
 
 
-def test_refuses_a_host_without_a_patch_set(python_hosts, tmp_path):
+def test_refuses_a_host_without_a_patch_set(cli, python_hosts, tmp_path):
     from deployer.base import clone_base
 
     clone_base(tmp_path / "pristine")
     inv = variant_inventory(python_hosts, tmp_path / "inv", "k1", checkout=str(tmp_path / "pristine"))
-    r = run_cli("test", "--remote", "--host", "k1", inventory=inv)
+    r = cli("test", "--remote", "--host", "k1", inventory=inv)
     assert r.code == 7, r.stderr
     assert "no patch set is applied to" in r.stderr and "has no overlay tests" in r.stderr
 
 
-def test_without_remote_the_suite_runs_locally_against_the_overlay(tmp_path):
-    r = run_cli("test", "-k", "test_mask_offsets_follow_full_mask_layout or test_core_builds_the_design_test_vector",
+def test_without_remote_the_suite_runs_locally_against_the_overlay(cli, tmp_path):
+    r = cli("test", "-k", "test_mask_offsets_follow_full_mask_layout or test_core_builds_the_design_test_vector",
                 "--report-dir", str(tmp_path))
     assert r.code == 0, r.stderr
     [report] = (tmp_path / "local").glob("*.xml")
