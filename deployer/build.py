@@ -304,10 +304,11 @@ def record_reuse(conn: Connection, host: Host, plan: BuildPlan) -> None:
     """A no-op build of sources built before (e.g. after a rollback): make that build current again."""
     builds = dict(read_state(conn, host).get("builds") or {})
     entry = builds.get(plan.arch) or {}
-    if entry.get("source_hash") == plan.source_hash and entry.get("ok"):
+    if entry.get("ok") and (entry.get("source_hash"), entry.get("version")) == (plan.source_hash, plan.version):
         return
     known = entry.get("known") or {}
-    builds[plan.arch] = {**known[plan.key], "ok": True, "known": known}
+    # `version` is the applied set this build now serves (launch scripts look it up by version).
+    builds[plan.arch] = {**known[plan.key], "ok": True, "version": plan.version, "known": known}
     update_state(conn, host, "builds", builds, message=f"build {plan.arch} {plan.source_hash[:12]} (cached)")
 
 
@@ -340,10 +341,13 @@ def describe_modules(summary: dict[str, Any]) -> str:
     return ", ".join(f"{m['module']} {m['status']}" for m in summary.get("modules", []))
 
 
-def build_host(host: Host, opts: BuildOptions, say: Say) -> Outcome:
-    """Plan and (unless it is a no-op) run the kernel build on one host; records it in the state."""
+def build_host(host: Host, opts: BuildOptions, say: Say, *, reuse_only: bool = False) -> Outcome:
+    """Plan and (unless it is a no-op) run the kernel build on one host; records it in the state.
+    reuse_only: never compile; only re-record an existing build of these sources as current."""
     with open_connection(host, accept_new_host_keys=opts.accept_new_host_keys) as conn:
         plan = plan_build(conn, host, opts)
+        if reuse_only and plan.action != "noop":
+            return Outcome(f"no build ({plan.arch}: {plan.reason})", {})
         say(f"arch {plan.arch}" + (f" ({plan.gpu}, checked with nvidia-smi)" if plan.gpu else " (from the inventory)")
             + f", nvcc {plan.toolkit.version_text} at {plan.toolkit.cuda_home}, sources {plan.source_hash[:12]}")
         data = {"plan": {**asdict(plan), "toolkit": {"cuda_home": plan.toolkit.cuda_home,
@@ -389,6 +393,11 @@ def push_then_build(host: Host, push: Callable[[Host, Say], Outcome], opts: Buil
     after = kernel_sources_hash(host, opts)
     if after is None or after == before:
         say("kernel sources unchanged by this push; no build")
+        if after is not None:  # the existing build (if any) now serves the new version too
+            try:
+                build_host(host, opts, lambda line: None, reuse_only=True)
+            except BuildError as exc:  # the push itself succeeded; the next `ddeploy build` says more
+                say(f"note: no usable kernel build for this version yet ({exc})")
         return Outcome(f"{pushed.summary}; kernel sources unchanged, no build", pushed.data, changed=True)
     built = build_host(host, opts, say)
     return Outcome(f"{pushed.summary}; {built.summary}", {**pushed.data, "build": built.data}, changed=True)

@@ -133,6 +133,8 @@ def test_push_build_skips_the_build_when_kernel_sources_did_not_change(cli, buil
     assert r.code == 0, r.stderr
     assert "[k2] kernel sources unchanged by this push; no build" in r.stderr
     assert "[k2] building (" not in r.stderr and "ddtree_build:" not in r.stderr
+    rec = state_of(fleet.hosts[1])["builds"]["sm_103"]  # the 0.1.0 build now serves 0.1.2 (same sources)
+    assert rec["ok"] and rec["version"] == "0.1.2"
 
 
 def _fake_tool(path, text: str) -> None:
