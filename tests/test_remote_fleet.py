@@ -8,7 +8,6 @@ import shutil
 import pytest
 import yaml
 
-from conftest import run_cli
 from sshd_hosts import STUB
 
 pytestmark = pytest.mark.sshd
@@ -64,28 +63,28 @@ def test_unknown_host_key_needs_the_opt_in(hosts, ddeploy, patch_sets):
     assert (hosts.hosts[0].checkout / STUB).exists()
 
 
-def test_push_through_a_proxyjump(hosts, patch_sets, tmp_path):
+def test_push_through_a_proxyjump(hosts, patch_sets, tmp_path, cli):
     inv = tmp_path / "inv"
     inv.mkdir()
     doc = yaml.safe_load((hosts.inventory_dir / "h3.yaml").read_text())
     doc["name"], doc["ssh"]["host"] = "h3-jumped", "h3-via-h1"
     (inv / "h3-jumped.yaml").write_text(yaml.safe_dump(doc))
-    r = run_cli("push", "--host", "h3-jumped", "--version", str(patch_sets["v1"]), inventory=inv)
+    r = cli("push", "--host", "h3-jumped", "--version", str(patch_sets["v1"]), inventory=inv)
     assert r.code == 0, r.stderr
     assert (hosts.hosts[2].checkout / STUB).read_text() == "VERSION = 1\n"
     assert (hosts.hosts[2].checkout / ".git" / "ddeploy" / "sets").is_dir()  # rsync went through the jump too
 
 
-def test_local_host_checkout_is_made_from_the_base_on_first_use(hosts, patch_sets):
+def test_local_host_checkout_is_made_from_the_base_on_first_use(hosts, patch_sets, cli):
     from deployer.inventory import local_host
 
     checkout = local_host().checkout
     shutil.rmtree(checkout, ignore_errors=True)
-    r = run_cli("push", "--host", "local", "--version", str(patch_sets["v1"]), inventory=hosts.inventory_dir)
+    r = cli("push", "--host", "local", "--version", str(patch_sets["v1"]), inventory=hosts.inventory_dir)
     assert r.code == 0, r.stderr
     from pathlib import Path
     assert (Path(checkout) / STUB).read_text() == "VERSION = 1\n"
-    r = run_cli("rollback", "--host", "local", inventory=hosts.inventory_dir)
+    r = cli("rollback", "--host", "local", inventory=hosts.inventory_dir)
     assert r.code == 0 and not (Path(checkout) / STUB).exists()
 
 

@@ -136,19 +136,17 @@ def test_three_way_only_on_request(hosts, ddeploy, patch_sets):
     assert h3.git("rev-parse", "HEAD") == user_commit and h3.git("rev-parse", "HEAD^{tree}") == user_tree
 
 
-def test_status_of_a_host_without_a_checkout(hosts, tmp_path):
+def test_status_of_a_host_without_a_checkout(hosts, tmp_path, cli):
     import yaml
-
-    from conftest import run_cli
 
     inv = tmp_path / "inv"
     inv.mkdir()
     doc = yaml.safe_load((hosts.inventory_dir / "h1.yaml").read_text())
     doc["checkout"] = str(tmp_path / "missing")
     (inv / "h1.yaml").write_text(yaml.safe_dump(doc))
-    r = run_cli("status", "--host", "h1", inventory=inv)
+    r = cli("status", "--host", "h1", inventory=inv)
     assert r.code == 7 and "does not exist on this host" in r.stderr
-    r = run_cli("push", "--host", "h1", "--version", "0.9.9", inventory=inv)
+    r = cli("push", "--host", "h1", "--version", "0.9.9", inventory=inv)
     assert r.code == 4  # unknown version: refused before connecting
     assert not (tmp_path / "missing").exists()
 
