@@ -261,16 +261,15 @@ def plan_build(conn: Connection, host: Host, opts: BuildOptions) -> BuildPlan:
 
 # --- execute -----------------------------------------------------------------------------------
 
-def prebuild_argv(host: Host, plan: BuildPlan, force: bool) -> list[str]:
+def prebuild_argv(host: Host, plan: BuildPlan) -> list[str]:
     major, minor = plan.capability
-    return [host.python, "-m", PREBUILD_MODULE, "--arch", f"{major}.{minor}", "--cache-dir", plan.cache_dir,
-            "--json", *(["--force"] if force else [])]
+    return [host.python, "-m", PREBUILD_MODULE, "--arch", f"{major}.{minor}", "--cache-dir", plan.cache_dir, "--json"]
 
 
-def run_prebuild(conn: Connection, host: Host, plan: BuildPlan, force: bool, say: Say) -> dict[str, Any]:
+def run_prebuild(conn: Connection, host: Host, plan: BuildPlan, say: Say) -> dict[str, Any]:
     """Run the prebuild on the host (stderr streamed), return its JSON summary."""
     # Bytecode goes into the checkout's .git so the work tree stays clean (no drift).
-    res = conn.run(prebuild_argv(host, plan, force), cwd=host.checkout, check=False, stream=say,
+    res = conn.run(prebuild_argv(host, plan), cwd=host.checkout, check=False, stream=say,
                    env={"CUDA_HOME": plan.toolkit.cuda_home,
                         "PYTHONPYCACHEPREFIX": f"{host.checkout.rstrip('/')}/.git/ddeploy/pycache"})
     try:
@@ -324,6 +323,14 @@ done
 '''
 
 
+def drop_arch_cache(conn: Connection, plan: BuildPlan) -> None:
+    """--force: remove this source hash's builds for this arch (SGLang keeps an existing leaf even
+    when told to recompile, so a real rebuild starts from an empty directory)."""
+    major, minor = plan.capability
+    conn.run(["sh", "-c", 'cd "$1" 2>/dev/null || exit 0; for d in $2; do [ -d "$d" ] && rm -rf -- "$d"; done; exit 0',
+              "sh", plan.cache_dir, f"sm{major}{minor}*"])
+
+
 def seed_cache(conn: Connection, plan: BuildPlan, previous: str | None) -> None:
     """Hard-link SGLang's own modules (speculative_tree, ...) from the previous build's directory."""
     if previous and previous != plan.cache_dir:
@@ -359,10 +366,12 @@ def build_host(host: Host, opts: BuildOptions, say: Say, *, reuse_only: bool = F
             return Outcome(f"up to date ({plan.arch}, {plan.reason})", data)
         say(f"building ({plan.reason}) into {plan.cache_dir}")
         with held_lock(conn, host, f"ddeploy build {plan.arch}"):
-            if not opts.force:
+            if opts.force:
+                drop_arch_cache(conn, plan)
+            else:
                 seed_cache(conn, plan, plan.previous_cache_dir)
             try:
-                summary = run_prebuild(conn, host, plan, opts.force, say)
+                summary = run_prebuild(conn, host, plan, say)
             except BuildError:
                 record_build(conn, host, plan, None, ok=False)
                 raise

@@ -137,6 +137,19 @@ def test_push_build_skips_the_build_when_kernel_sources_did_not_change(cli, buil
     assert rec["ok"] and rec["version"] == "0.1.2"
 
 
+@needs_nvcc
+def test_force_recompiles_what_the_cache_already_has(cli, built, fleet):
+    k2 = fleet.hosts[1]
+    before = {p: p.stat().st_mtime_ns for p in jit_leaves(k2.root, "speculative_ddtree")}
+    r = cli("build", "--host", "k2", "--force", inventory=fleet.inventory_dir)
+    assert r.code == 0, r.stderr
+    assert "[k2] building (--force)" in r.stderr
+    assert "[k2] ddtree_build: built speculative_ddtree arch=10.3" in r.stderr
+    assert "[k2] ddtree_build: built speculative_tree arch=10.3" in r.stderr
+    after = {p: p.stat().st_mtime_ns for p in jit_leaves(k2.root, "speculative_ddtree")}
+    assert any(after.get(p) != t for p, t in before.items())  # the .so was written again
+
+
 def _fake_tool(path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"#!/bin/sh\n{text}")

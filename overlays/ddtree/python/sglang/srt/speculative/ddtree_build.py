@@ -175,7 +175,9 @@ def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--vocab-size", type=int, default=KIMI_K2_VOCAB,
                    help="target vocab size; picks the sampling kernel variant (default: Kimi K2.6)")
     p.add_argument("--modules", nargs="+", choices=MODULES, help="build only these (default: all)")
-    p.add_argument("--force", action="store_true", help="recompile even when the cache has a build")
+    p.add_argument("--force", action="store_true",
+                   help="recompile even when the cache has a build (SGLANG_JIT_FORCE_RECOMPILE; an existing "
+                        "cache entry is kept, delete it for a fresh one)")
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     return p.parse_args(argv)
 
