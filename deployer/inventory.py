@@ -42,12 +42,29 @@ class SSHSpec(_Strict):
             raise ValueError(f"{v!r} must be non-empty, without spaces, and not start with '-'")
         return v
 
+    @field_validator("port", mode="before")
+    @classmethod
+    def _port_not_bool(cls, v: object) -> object:
+        return _no_bool(v)
+
+
+def _no_bool(v: object) -> object:
+    # YAML `true` would otherwise pass as the integer 1.
+    if isinstance(v, bool):
+        raise ValueError(f"{v!r} is not a number")
+    return v
+
 
 class GPUSpec(_Strict):
     model: str
     count: int = Field(ge=1, le=64)
     arch: str = Field(description="CUDA arch, e.g. sm_120, sm_103")
     memory_gib: float | None = Field(default=None, gt=0, description="memory per GPU")
+
+    @field_validator("count", mode="before")
+    @classmethod
+    def _count_not_bool(cls, v: object) -> object:
+        return _no_bool(v)
 
     @field_validator("arch")
     @classmethod
@@ -82,6 +99,16 @@ class Host(_Strict):
             raise ValueError(f"{v!r} must be letters, digits, '_', '.', '-' (max 63)")
         return v
 
+    @field_validator("checkout")
+    @classmethod
+    def _checkout(cls, v: str) -> str:
+        # Quoted, a relative or ~ path would silently land under the login directory.
+        if not v.startswith("/"):
+            raise ValueError(f"{v!r} must be an absolute path (no ~ or relative paths)")
+        if any(ord(c) < 32 or ord(c) == 127 for c in v):
+            raise ValueError(f"{v!r} contains a newline or control character")
+        return v
+
     @field_validator("groups")
     @classmethod
     def _groups(cls, v: tuple[str, ...]) -> tuple[str, ...]:
@@ -111,10 +138,13 @@ class Host(_Strict):
 
 def local_host() -> Host:
     """The built-in host: this machine, checkout in the user's cache, made from the base on first use."""
+    checkout = cache_dir() / "local" / "sglang"
+    # This venv's python with the checkout first on its path: what `pip install -e` would give,
+    # without touching the venv.
     return Host(name="local", connection="local",
                 gpu=GPUSpec(model="local", count=1, arch=os.environ.get("DDEPLOY_LOCAL_ARCH", "sm_120")),
-                interconnect="pcie", checkout=str(cache_dir() / "local" / "sglang"),
-                python=sys.executable, groups=("local",))
+                interconnect="pcie", checkout=str(checkout), python=sys.executable,
+                env={"PYTHONPATH": str(checkout / "python")}, groups=("local",))
 
 
 def _format_validation(err: ValidationError) -> str:
@@ -136,15 +166,32 @@ def parse_host(data: object, source: str, index: int | None = None) -> Host:
         raise InventoryError(f"{where}: host '{name}': {_format_validation(exc)}") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a repeated key (YAML would silently keep the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may override keys
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def load_file(path: Path) -> list[Host]:
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" line {mark.line + 1}" if mark else ""
         raise InventoryError(f"{path}:{at} not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
     except OSError as exc:
         raise InventoryError(f"{path}: cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise InventoryError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8 YAML") from None
     if doc is None:
         return []
     if isinstance(doc, dict) and set(doc) == {"hosts"}:
