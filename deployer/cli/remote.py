@@ -38,6 +38,8 @@ def host_selection(fn):
 def _hosts(ctx: click.Context, names, groups, all_hosts):
     if not (names or groups or all_hosts):
         raise UsageError("choose hosts with --host NAME, --group G or --all (see `ddeploy hosts`)")
+    if all_hosts and (names or groups):
+        raise UsageError("--all already selects every host; drop --host/--group (or drop --all)")
     return ctx.obj.inventory.select(names, groups, all_hosts)
 
 
