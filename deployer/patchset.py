@@ -120,6 +120,10 @@ def resolve_dir(spec: str | Path | None, name: str = PATCH_SET_NAME, root: Path 
     return path
 
 
+def _reason(exc: Exception) -> str:
+    return "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else (exc.strerror or str(exc))
+
+
 def _read_manifest(path: Path) -> dict:
     mf = path / "manifest.yaml"
     try:
@@ -128,6 +132,8 @@ def _read_manifest(path: Path) -> dict:
         raise PatchSetError(f"{mf}: missing manifest") from None
     except yaml.YAMLError as exc:
         raise PatchSetError(f"{mf}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PatchSetError(f"{mf}: cannot read the manifest ({_reason(exc)})") from None
     if not isinstance(data, dict):
         raise PatchSetError(f"{mf}: expected a mapping at the top level")
     for key in ("name", "version", "base", "patches"):
@@ -142,7 +148,11 @@ def _read_series(path: Path) -> list[str]:
     series = path / "series"
     if not series.is_file():
         raise PatchSetError(f"{series}: missing series file")
-    names = [ln.split("#", 1)[0].strip() for ln in series.read_text().splitlines()]
+    try:
+        text = series.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PatchSetError(f"{series}: cannot read the series file ({_reason(exc)})") from None
+    names = [ln.split("#", 1)[0].strip() for ln in text.splitlines()]
     return [n for n in names if n]
 
 
