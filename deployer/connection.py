@@ -13,6 +13,7 @@ always refused. Connection failures raise ConnectError with one line naming the 
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import shlex
@@ -32,6 +33,9 @@ from .errors import ConnectError, RemoteCommandError
 from .inventory import Host
 
 Stream = Callable[[str], None]
+# paramiko's transport thread logs its own tracebacks (e.g. a banner timeout) through the root
+# logger's last-resort handler; every failure already becomes one ConnectError line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 @dataclass(frozen=True)
@@ -237,7 +241,11 @@ class SSHConnection(Connection):
         connect_kwargs = {"banner_timeout": timeouts.banner, "auth_timeout": timeouts.auth,
                           "allow_agent": False}
         if spec.identity:
-            connect_kwargs["key_filename"] = [str(Path(spec.identity).expanduser())]
+            identity = Path(spec.identity).expanduser()
+            if not identity.is_file():
+                raise ConnectError(f"identity file {identity} (ssh.identity in {host.source}) does not exist; "
+                                   f"fix the path or create the key", host=host.name)
+            connect_kwargs["key_filename"] = [str(identity)]
         gateway = fabric.Connection(spec.jump, config=config.clone()) if spec.jump else None
         self.fc = fabric.Connection(spec.host, user=spec.user, port=spec.port, config=config,
                                     connect_timeout=int(timeouts.connect), connect_kwargs=connect_kwargs,
