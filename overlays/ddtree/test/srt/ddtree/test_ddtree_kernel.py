@@ -203,7 +203,10 @@ def test_kernel_compiles_for_sm120_through_sglang_load_jit(tmp_path):
     reason = _sglang_jit_missing()
     if reason:
         pytest.skip(reason)
-    env = {**os.environ, "CUDA_HOME": os.environ.get("CUDA_HOME") or "/usr/local/cuda"}
+    # The subprocess must import the tree under test, wherever pytest found it.
+    tree_python = str(Path(ddtree_kernel.__file__).resolve().parents[3])
+    path = os.pathsep.join(p for p in (tree_python, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "CUDA_HOME": os.environ.get("CUDA_HOME") or "/usr/local/cuda", "PYTHONPATH": path}
     proc = subprocess.run([sys.executable, "-m", "sglang.srt.speculative.ddtree_build", "--arch", "12.0",
                            "--cache-dir", str(tmp_path), "--modules", "speculative_ddtree"],
                           env=env, capture_output=True, text=True, timeout=600)
