@@ -106,7 +106,14 @@ def check_speculative(v: dict[str, Any]) -> None:
             raise RenderError(f"{key} must be in (0, 1] (got {v[key]}); 1.0 is lossless")
 
 
+def check_ports(v: dict[str, Any]) -> None:
+    for key in ("port", "dist_init_port"):
+        if not 1 <= v[key] <= 65535:
+            raise RenderError(f"{key} must be a TCP port in 1..65535 (got {v[key]})")
+
+
 def check_host(host: Host, topology: Topology, hw: HardwareProfile, v: dict[str, Any]) -> None:
+    check_ports(v)
     check_gpu_counts(host, v)
     check_backends(host, hw, v)
     check_speculative(v)

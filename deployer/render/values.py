@@ -73,6 +73,15 @@ def _convert(raw: Any, kind: type) -> Any:
     return str(raw)
 
 
+def _one_line(value: Any) -> Any:
+    """Refuse newlines/control characters: a template may print a value in a `#` comment, where a
+    newline would start a shell command."""
+    for text in (value if isinstance(value, list) else [value]):
+        if isinstance(text, str) and any(ord(c) < 32 and c != "\t" or ord(c) == 127 for c in text):
+            raise ValueError("must be one line (no newline or control characters)")
+    return value
+
+
 class Schema:
     """The known keys and their types: the defaults, the settable facts, and env.NAME."""
 
@@ -86,13 +95,16 @@ class Schema:
             name = key[len(ENV_PREFIX):]
             if not ENV_NAME_RE.match(name):
                 raise RenderError(f"{source}: '{key}' is not a valid environment variable name")
-            return None if raw is None or raw == "" else str(raw)
+            try:
+                return None if raw is None or raw == "" else _one_line(str(raw))
+            except ValueError as exc:
+                raise RenderError(f"{source}: {key}={raw!r}: {exc}") from None
         if key not in self.types:
             close = difflib.get_close_matches(key, list(self.types), n=3, cutoff=0.6)
             hint = f" (did you mean: {', '.join(close)}?)" if close else " (see `ddeploy render --explain`)"
             raise RenderError(f"{source}: unknown key '{key}'{hint}")
         try:
-            return _convert(raw, self.types[key])
+            return _one_line(_convert(raw, self.types[key]))
         except ValueError as exc:
             raise RenderError(f"{source}: {key}={raw!r}: {exc}") from None
 
