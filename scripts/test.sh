@@ -4,17 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_apt=()
-for tool in sshd:openssh-server ssh:openssh-client rsync:rsync git:git shellcheck:shellcheck; do
-  command -v "${tool%%:*}" >/dev/null 2>&1 || [[ -x "/usr/sbin/${tool%%:*}" ]] || need_apt+=("${tool#*:}")
-done
-if ((${#need_apt[@]})); then
-  echo "test.sh: installing ${need_apt[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
-fi
-mkdir -p -m 0755 /run/sshd
+bash scripts/system-deps.sh --test
 
 bash scripts/setup-venv.sh --full
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}

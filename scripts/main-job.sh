@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The main job on the built-in `local` host (this machine, no SSH): set everything up, push the
+# newest DDTree patch set onto a local SGLang 0.5.23 checkout (made from the PyPI wheel on first
+# use), build its kernels in place for the local arch (sm_120 unless DDEPLOY_LOCAL_ARCH says
+# otherwise; no GPU needed), run the overlay's tests against the patched checkout, show status.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/system-deps.sh
+bash scripts/setup-venv.sh --full
+export PATH="$PWD/.venv/bin:$PATH" CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+set -x
+ddeploy push --host local --build
+ddeploy test --remote --host local
+ddeploy status --host local
