@@ -32,6 +32,18 @@ def error_for(kind: str, message: str, host: str) -> errors.DeployError:
     return cls(message, host=host)
 
 
+def _parse_reply(line: str, host: Host) -> dict[str, Any]:
+    """The agent's last JSON line; anything else (a hostile or broken python) is one clear error."""
+    try:
+        result = json.loads(line)
+    except ValueError:
+        result = None
+    if not isinstance(result, dict):
+        raise errors.RemoteCommandError(f"the ddeploy agent ({host.python}) replied with something that is not a "
+                                        f"JSON object: {line[:80]!r}; check `python` in the inventory", host=host.name)
+    return result
+
+
 def call_agent(conn: Connection, host: Host, op: str, request: dict[str, Any], *,
                stream: Callable[[str], None] | None = None, timeout: float | None = None,
                passthrough: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -45,9 +57,9 @@ def call_agent(conn: Connection, host: Host, op: str, request: dict[str, Any], *
         last = (res.stderr.strip().splitlines() or ["no output"])[-1]
         raise errors.RemoteCommandError(f"the ddeploy agent ({host.python}) failed with exit {res.rc}: {last}; "
                                         f"check `python` in the inventory (Python >= 3.8 needed)", host=host.name)
-    result = json.loads(lines[-1])
+    result = _parse_reply(lines[-1], host)
     if not result.get("ok"):
-        err = result.get("error") or {}
+        err = result.get("error") if isinstance(result.get("error"), dict) else {}
         if err.get("kind") in passthrough:
             return result
         raise error_for(str(err.get("kind")), str(err.get("message", "unknown agent error")), host.name)
