@@ -73,6 +73,7 @@ def launch(app: AppContext, hosts, group, topology, sets, dry_run) -> None:
     from .. import launch as lc
 
     chosen = {h.name: h for h in _hosts(app, hosts, group)}
+    rd.render_hosts(list(chosen.values()), topology, sets)  # a bad topology or --set fails before any host is contacted
     probed = lc.probe_hosts(list(chosen.values()), say)
     for name, units in _by_host(rd.render_hosts(list(chosen.values()), topology, sets, probed=probed)).items():
         remote = f"{lc.launch_dir(units)}/{topology}"
