@@ -143,7 +143,9 @@ class Connection:
     def _rsync(self, src: str, dst: str, ssh_cmd: list[str] | None, delete: bool, checksum: bool = False) -> None:
         argv = ["rsync", "-a", "--mkpath", *(["--delete"] if delete else []), *(["--checksum"] if checksum else [])]
         if ssh_cmd:
-            argv += ["-e", quote_argv(ssh_cmd)]
+            # -s (--protect-args): the remote path reaches rsync verbatim, never the remote shell (an
+            # rsync before 3.2.4 would run `$(...)` in it; 3.2.7 still drops `...` backtick spans).
+            argv += ["-s", "-e", quote_argv(ssh_cmd)]
         proc = subprocess.run([*argv, "--", src, dst], capture_output=True, text=True)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
@@ -314,7 +316,7 @@ class SSHConnection(Connection):
         return cmd
 
     def _remote(self, path: str) -> str:
-        # rsync parses "host:path"; the path is not given to a shell by modern rsync (protect-args).
+        # rsync parses "host:path"; with -s the path is not given to the remote shell.
         return f"{self.host.ssh.host}:{path}"
 
     def rsync_to(self, local_path, remote_path, *, delete=False, checksum=False):
