@@ -18,9 +18,16 @@ VECTOR_IDS = torch.tensor([[10, 11], [20, 21], [30, 31]])
 def _random_drafts(gen: torch.Generator, bs: int, depth: int, k: int, mode: int):
     """mode 0: continuous; 1: values on a 1/4 grid (exact ties); 2: identical rows per depth
     on a 1/2 grid (massive ties, children tie across parents); 3: zero log-probs (a child
-    ties its parent, ties across depths)."""
+    ties its parent, ties across depths); 4: steps of one ulp on offsets that grow with depth
+    (float64 sums round, and rounding merges sums whose exact values differ: the case the
+    pair pruning's certificate exists for)."""
     x = -torch.rand(bs, depth, k, generator=gen, dtype=torch.float64) * 3
-    if mode == 1:
+    if mode == 4:
+        steps = torch.randint(0, 6, (bs, depth, k), generator=gen).to(torch.float64)
+        offset = torch.tensor([0.5, 0.0, 1.5, 3.0, 6.0], dtype=torch.float64)[:depth]  # depth <= 5
+        scale = torch.tensor([1.0, 1.0, 4.0, 8.0, 16.0], dtype=torch.float64)[:depth]
+        x = -(offset[None, :, None] + steps * 2.0**-53 * scale[None, :, None])
+    elif mode == 1:
         x = torch.round(x * 4) / 4
     elif mode == 2:
         x = (torch.round(x * 2) / 2)[:, :1, :].expand(bs, depth, k).clone()
@@ -61,10 +68,10 @@ def test_root_token_defaults_to_minus_one() -> None:
     assert batch.tokens.tolist() == [[-1, 10, 20]]
 
 
-@pytest.mark.parametrize("mode", [0, 1, 2, 3])
+@pytest.mark.parametrize("mode", [0, 1, 2, 3, 4])
 def test_batched_equals_heap_on_random_drafts(mode: int) -> None:
     gen = torch.Generator().manual_seed(1234 + mode)
-    for _ in range(60):  # 4 modes x 60 batches x 16 requests = 3840 trees
+    for _ in range(60):  # 5 modes x 60 batches x 16 requests = 4800 trees
         depth = int(torch.randint(1, 6, (1,), generator=gen))
         k = int(torch.randint(1, 6, (1,), generator=gen))
         budget = int(torch.randint(0, 40, (1,), generator=gen))
@@ -73,12 +80,15 @@ def test_batched_equals_heap_on_random_drafts(mode: int) -> None:
 
 
 def test_pruned_and_unpruned_selection_both_equal_heap() -> None:
-    """The fast path (pruned pairs) whenever it certifies itself, and the fallback always."""
+    """The fast path (pruned pairs) whenever it certifies itself, and the fallback always.
+
+    Exact ties (modes 1-3) certify: the certificate compares full keys, and the pair rule
+    only fails when rounding merges two sums (mode 4), which it must catch."""
     gen = torch.Generator().manual_seed(99)
     certified_runs = uncertified_runs = 0
-    for trial in range(80):
+    for trial in range(100):
         depth, k, budget = 4, 4, int(torch.randint(5, 60, (1,), generator=gen))
-        lp, ids = _random_drafts(gen, 8, depth, k, trial % 4)
+        lp, ids = _random_drafts(gen, 32 if trial % 5 == 4 else 8, depth, k, trial % 5)
         lp64 = lp.to(torch.float64)
         pruned, certified = ddtree_batched._select_trees(lp64, ids, budget, None, prune=True)
         if bool(certified):
@@ -88,7 +98,7 @@ def test_pruned_and_unpruned_selection_both_equal_heap() -> None:
             uncertified_runs += 1
         full, _ = ddtree_batched._select_trees(lp64, ids, budget, None, prune=False)
         _assert_equals_heap(full, lp, ids, budget)
-    assert certified_runs > 0 and uncertified_runs > 0  # both paths exercised
+    assert certified_runs > 0 and uncertified_runs > 0, (certified_runs, uncertified_runs)  # both exercised
 
 
 def test_certificate_catches_over_pruning(monkeypatch) -> None:
@@ -185,3 +195,18 @@ def test_count_possible_nodes() -> None:
     assert ddtree_batched.count_possible_nodes(3, 2, 100) == 14
     assert ddtree_batched.count_possible_nodes(15, 1, 100) == 15
     assert ddtree_batched.count_possible_nodes(15, 256, 512) == 512
+
+
+@pytest.mark.parametrize("host_reads", [True, False])
+def test_fixed_shape_and_host_read_paths_agree_with_heap(monkeypatch, host_reads: bool) -> None:
+    """Without host reads (the accelerator path: fixed shapes, no early stop, tie-breaking
+    always on) and with them (CPU: shrunk shapes, early stop, tie work only on ties), the
+    trees are the heap's, on all draft modes and through the certificate's fallback."""
+    monkeypatch.setattr(ddtree_batched, "_host_reads", lambda device: host_reads)
+    gen = torch.Generator().manual_seed(4321)
+    for trial in range(50):
+        depth = int(torch.randint(1, 6, (1,), generator=gen))
+        k = int(torch.randint(1, 6, (1,), generator=gen))
+        budget = int(torch.randint(0, 50, (1,), generator=gen))
+        lp, ids = _random_drafts(gen, 16, depth, k, trial % 5)
+        _assert_equals_heap(build_ddtree_batched(lp, ids, budget), lp, ids, budget)

@@ -68,17 +68,6 @@ class DDTreeBatch:
         return self.budget + 1
 
 
-@dataclass
-class _Level:
-    """Nodes kept at one depth, in key order. All [bs, P]; invalid slots have weight -inf."""
-
-    weight: torch.Tensor  # float64
-    lexpos: torch.Tensor  # int64, lexicographic rank of the rank tuple among this level's slots
-    parent: torch.Tensor  # int64, slot in the previous level
-    rank: torch.Tensor  # int64
-    valid: torch.Tensor  # bool
-
-
 def build_ddtree_batched(
     log_probs: torch.Tensor,
     token_ids: torch.Tensor,
@@ -127,17 +116,6 @@ def _cuda_build(
     # --- end kernel build concern ---
 
 
-def _build_torch(
-    log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int, root_tokens: Optional[torch.Tensor]
-) -> DDTreeBatch:
-    """The tensor-op builder: pruned selection, certified; unpruned fallback if needed."""
-    lp = log_probs.detach().to(torch.float64)
-    result, certified = _select_trees(lp, token_ids, budget, root_tokens, prune=True)
-    if not bool(certified):  # the one host read: rare float64 near-ties need the full pairs
-        result, _ = _select_trees(lp, token_ids, budget, root_tokens, prune=False)
-    return result
-
-
 def count_possible_nodes(depth: int, k: int, cap: int) -> int:
     """min(cap, sum_{d=1..depth} k^d): how many draft nodes a [depth, k] draft holds."""
     total, level = 0, 1
@@ -149,41 +127,176 @@ def count_possible_nodes(depth: int, k: int, cap: int) -> int:
     return total
 
 
+
+@dataclass
+class _Level:
+    """Nodes kept at one depth, in key order; [bs, n]. Invalid slots (weight -inf) come last.
+
+    ``lexpos`` (lexicographic rank of the slot's rank tuple within the level; invalid slots
+    keep their own slot number) and its inverse ``slot_of_lex`` are only needed to break
+    weight ties, so they are computed on demand (``_ensure_lexpos``).
+    """
+
+    weight: torch.Tensor  # float64
+    parent: torch.Tensor  # int64, slot in the previous level
+    rank: torch.Tensor  # int64
+    lexpos: Optional[torch.Tensor] = None  # int64
+    slot_of_lex: Optional[torch.Tensor] = None  # int64
+
+    @property
+    def valid(self) -> torch.Tensor:
+        return self.weight > float("-inf")
+
+
+def _build_torch(
+    log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int, root_tokens: Optional[torch.Tensor]
+) -> DDTreeBatch:
+    """The tensor-op builder: pruned selection, certified; unpruned fallback if needed."""
+    lp = log_probs.detach().to(torch.float64)
+    result, certified = _select_trees(lp, token_ids, budget, root_tokens, prune=True)
+    if not bool(certified):  # rare: a float64 rounding merge defeated the pair pruning
+        result, _ = _select_trees(lp, token_ids, budget, root_tokens, prune=False)
+    return result
+
+
+def _host_reads(device: torch.device) -> bool:
+    """Whether the builder may read small values back to size tensors and skip work.
+
+    On CPU a read is free, and it lets the builder shrink every depth to the parents and
+    ranks that can still reach the tree, stop at the last useful depth, and skip the
+    tie-breaking work when no weights tie. On an accelerator each read is a sync, so there
+    the builder runs fixed shapes (same results, more work) and reads once, at the end.
+    """
+    return device.type == "cpu"
+
+
 def _select_trees(
     lp: torch.Tensor, token_ids: torch.Tensor, budget: int, root_tokens: Optional[torch.Tensor], prune: bool
 ) -> tuple[DDTreeBatch, torch.Tensor]:
     """Select the budget best nodes; returns the batch and a 0-dim bool certificate."""
     bs, depth, k = lp.shape
     device = lp.device
+    dynamic = _host_reads(device)
     levels = [_root_level(bs, device)]
-    for d in range(1, depth + 1):
-        if budget == 0:
-            break
-        levels.append(_expand_level(levels[-1], lp[:, d - 1, :], budget, prune))
-    certified = _certify(levels, lp, budget) if prune else torch.ones((), dtype=torch.bool, device=device)
-    preorder = _preorder(levels)
-    return _assemble(levels, preorder, token_ids, budget, root_tokens), certified
+    risky: list[torch.Tensor] = []  # per depth: heaviest pruned pair not cleared (_risky_pruned)
+    if budget > 0:
+        levels.append(_first_level(lp[:, 0, :], budget))
+        best = levels[1].weight
+        for d in range(2, depth + 1):
+            floor = _pool_floor(best, budget)
+            sizes = _active_sizes(levels[-1], lp[:, d - 1, :], floor, budget, dynamic)
+            if sizes is None:
+                break  # no row has a node left that can reach the tree
+            level, level_risky = _expand_level(levels, lp[:, d - 1, :], floor, budget, sizes, prune, dynamic)
+            levels.append(level)
+            if level_risky is not None:
+                risky.append(level_risky)
+            best = _top_values(torch.cat([best, level.weight], dim=1), budget)
+    batch = _assemble(levels, token_ids, budget, root_tokens, dynamic)
+    if not risky:
+        return batch, torch.ones((), dtype=torch.bool, device=device)
+    # A pruned pair below the final floor has ``budget`` kept nodes ahead of it: harmless.
+    final_floor = _pool_floor(best, budget)
+    heaviest = torch.cat(risky, dim=1).amax(1, keepdim=True)
+    if final_floor is None:
+        return batch, ~(heaviest > float("-inf")).any()
+    return batch, ~((heaviest > float("-inf")) & (heaviest >= final_floor)).any()
 
 
 def _root_level(bs: int, device: torch.device) -> _Level:
     zeros = torch.zeros((bs, 1), dtype=torch.int64, device=device)
     return _Level(
         weight=torch.zeros((bs, 1), dtype=torch.float64, device=device),
-        lexpos=zeros,
         parent=zeros - 1,
         rank=zeros - 1,
-        valid=torch.ones((bs, 1), dtype=torch.bool, device=device),
+        lexpos=zeros,
+        slot_of_lex=zeros,
     )
 
 
-def _candidate_pairs(num_parents: int, k: int, budget: int, prune: bool, device: torch.device):
-    """(parent slot i, rank j) pairs to score: (i+1)*(j+1) <= budget when pruning, else all.
+def _first_level(lp_1: torch.Tensor, budget: int) -> _Level:
+    """Depth 1: the root's children j < min(K, budget), already in key order (rank order)."""
+    bs, k = lp_1.shape
+    n = min(k, budget)
+    ranks = torch.arange(n, dtype=torch.int64, device=lp_1.device).expand(bs, n)
+    return _Level(
+        weight=lp_1[:, :n] + 0.0,  # float rule: 0.0 (root weight) + lp, e.g. -0.0 becomes 0.0
+        parent=torch.zeros((bs, n), dtype=torch.int64, device=lp_1.device),
+        rank=ranks,
+        lexpos=ranks,
+        slot_of_lex=ranks,
+    )
 
-    Returns slots [C], ranks [C] and widths [P] (pairs per parent slot), int64.
+
+def _top_values(weight: torch.Tensor, budget: int) -> torch.Tensor:
+    """The min(budget, n) largest weights per row, descending."""
+    return torch.topk(weight, min(budget, weight.shape[1]), dim=1).values
+
+
+def _pool_floor(best: torch.Tensor, budget: int) -> Optional[torch.Tensor]:
+    """[bs, 1] weight floor: the budget-th best weight kept so far (None while fewer kept).
+
+    Exact pruning without any counting argument: ``budget`` kept nodes weigh at least the
+    floor, so a node strictly below it has ``budget`` nodes with smaller keys and is not in
+    the tree; nor are its descendants (a child never outweighs its parent in float64 either:
+    rounding is monotone and log-probs are <= 0).
     """
-    slots, ranks, widths = _pair_lists(num_parents, k, budget, prune)
+    if best.shape[1] < budget:
+        return None
+    return best[:, budget - 1 : budget]
+
+
+def _active_sizes(prev: _Level, lp_d: torch.Tensor, floor: Optional[torch.Tensor], budget: int, dynamic: bool):
+    """(parents, ranks) to score at this depth, or None when nothing can reach the tree.
+
+    Parents at or above the floor are a prefix of the key order; the best parent's children
+    at or above the floor bound every parent's (a sum is monotone in each operand). Without
+    host reads (or without a floor yet) the full sizes are used; the floor mask makes the
+    results identical. Invalid (-inf) parents only count while there is no floor.
+    """
+    ranks = min(lp_d.shape[1], budget)
+    if not dynamic or floor is None:
+        return prev.weight.shape[1], ranks
+    alive = (prev.weight >= floor).sum(1)
+    child_alive = ((prev.weight[:, :1] + lp_d[:, :ranks]) >= floor).sum(1)
+    parents, ranks = torch.stack([alive, child_alive]).amax(1).tolist()
+    return (parents, ranks) if parents > 0 and ranks > 0 else None
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """Candidate (parent slot, rank) pairs of one depth, as cached device tensors."""
+
+    slots: torch.Tensor  # int64 [C]
+    ranks: torch.Tensor  # int64 [C]
+    widths: torch.Tensor  # int64 [P], pairs per parent slot (a rank prefix)
+    first_pruned: torch.Tensor  # int64 [P], min(width, K - 1)
+    has_pruned: torch.Tensor  # bool [P], width < K
+    any_pruned: bool
+    all_pruned: bool
+
+
+def _candidate_pairs(num_parents: int, num_ranks: int, budget: int, prune: bool, k: int, device) -> _Pairs:
+    """(parent slot i, rank j < num_ranks) pairs to score: (i+1)*(j+1) <= budget when
+    pruning, else all. Cached per device, keyed on ``_pair_lists`` itself so that a replaced
+    pair rule takes effect."""
+    return _pair_tensors(_pair_lists, num_parents, num_ranks, budget, prune, k, device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _pair_tensors(pair_lists, num_parents: int, num_ranks: int, budget: int, prune: bool, k: int, device) -> _Pairs:
+    slots, ranks, widths = pair_lists(num_parents, num_ranks, budget, prune)
     as_tensor = functools.partial(torch.tensor, dtype=torch.int64, device=device)
-    return as_tensor(slots), as_tensor(ranks), as_tensor(widths)
+    width_t = as_tensor(widths)
+    return _Pairs(
+        slots=as_tensor(slots),
+        ranks=as_tensor(ranks),
+        widths=width_t,
+        first_pruned=width_t.clamp(max=k - 1),
+        has_pruned=width_t < k,
+        any_pruned=min(widths) < k,
+        all_pruned=max(widths) < k,
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -195,6 +308,62 @@ def _pair_lists(num_parents: int, k: int, budget: int, prune: bool):
         ranks.extend(range(width))
         widths.append(width)
     return tuple(slots), tuple(ranks), tuple(widths)
+
+
+def _expand_level(
+    levels: list[_Level],
+    lp_d: torch.Tensor,
+    floor: Optional[torch.Tensor],
+    budget: int,
+    sizes: tuple[int, int],
+    prune: bool,
+    dynamic: bool,
+) -> tuple[_Level, Optional[torch.Tensor]]:
+    """Best ``budget`` children (by key) at the next depth, and its risky pruned weight.
+
+    lp_d: float64 [bs, K]. Children below the floor are masked to -inf (invalid).
+    """
+    prev = levels[-1]
+    k = lp_d.shape[1]
+    pairs = _candidate_pairs(*sizes, budget, prune, k, lp_d.device)
+    weight = prev.weight.index_select(1, pairs.slots) + lp_d.index_select(1, pairs.ranks)  # float rule
+    if floor is not None:
+        weight.masked_fill_(weight < floor, float("-inf"))
+    keep = min(budget, weight.shape[1])
+
+    def lexkey() -> torch.Tensor:  # lexicographic key of each candidate's rank tuple
+        return _ensure_lexpos(levels, len(levels) - 1).index_select(1, pairs.slots) * k + pairs.ranks
+
+    order, values = _select_by_key(weight, lexkey, keep, prev.weight.shape[1] * k, dynamic)
+    level = _Level(weight=values, parent=pairs.slots.take(order), rank=pairs.ranks.take(order))
+    if not pairs.any_pruned:  # every rank below K was scored (or cut by the exact floor)
+        return level, None
+    return level, _risky_pruned(levels, level, lp_d, pairs, budget, dynamic)
+
+
+def _select_by_key(weight: torch.Tensor, lexkey, keep: int, lex_range: int, dynamic: bool):
+    """The ``keep`` smallest keys (-weight, lexkey) per row, in key order: (indices, weights).
+
+    ``lexkey`` is a callable returning int64 [bs, C], unique among valid entries; it is
+    only built when weights tie. One topk finds the ``keep + 1`` best weights; if they are
+    all distinct (and the boundary is strict), weight order is key order. Otherwise a
+    second topk on an exact integer key: (position of the weight among the top values,
+    lexkey), which needs no float-to-int trick and is exact for any weights.
+    """
+    top = torch.topk(weight, min(keep + 1, weight.shape[1]), dim=1)
+    # Equal finite neighbours differ by exactly 0; -inf neighbours (invalid) give nan.
+    if dynamic and not bool((torch.diff(top.values, dim=1) == 0).any()):
+        return top.indices[:, :keep], top.values[:, :keep]
+    vals = top.values[:, :keep]
+    if keep * lex_range >= 2**62:  # the integer key would overflow: two stable sorts instead
+        order = _sort_by_key(weight, lexkey())[:, :keep]
+        return order, weight.gather(1, order)
+    # Entries at or above the keep-th weight all have their value among ``vals``; its first
+    # position there orders distinct weights exactly and gives equal weights equal ranks.
+    position = torch.searchsorted(torch.neg(vals).contiguous(), torch.neg(weight).contiguous(), side="left")
+    key = torch.where(weight >= vals[:, keep - 1 :], position * lex_range + lexkey(), torch.iinfo(torch.int64).max)
+    order = torch.topk(key, keep, dim=1, largest=False).indices
+    return order, weight.gather(1, order)
 
 
 def _sort_by_key(weight: torch.Tensor, lexkey: torch.Tensor) -> torch.Tensor:
@@ -210,79 +379,71 @@ def _inverse_permutation(perm: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(perm).scatter_(1, perm, ids)
 
 
-def _expand_level(prev: _Level, lp_d: torch.Tensor, budget: int, prune: bool) -> _Level:
-    """Best ``budget`` children at the next depth. lp_d: float64 [bs, K].
+def _ensure_lexpos(levels: list[_Level], d: int) -> torch.Tensor:
+    """levels[d].lexpos, computed (with those above it) on first use.
 
-    Candidates are laid out in lexicographic order of their rank tuples (parent's lexpos,
-    then rank), so one stable sort by weight (descending) yields key order.
+    A parent's kept children are a rank prefix (siblings are in key order by rank), so a
+    child's lexicographic position is the number of kept children of the parents before its
+    own in lex order, plus its rank. Invalid slots (the tail) keep their slot number.
     """
-    bs, k = lp_d.shape
-    slots, ranks, widths = _candidate_pairs(prev.weight.shape[1], k, budget, prune, lp_d.device)
-    num = slots.numel()
-    # Lexicographic position of candidate (i, j): start of parent i's run in lex order + j.
-    width_lex = widths.take(_inverse_permutation(prev.lexpos))
-    run_start = (torch.cumsum(width_lex, dim=1) - width_lex).gather(1, prev.lexpos)
-    # index_select, not x[:, idx]: advanced indexing is orders of magnitude slower on CPU.
-    lex_of_cand = run_start.index_select(1, slots) + ranks
-    cand_at_lex = _inverse_permutation(lex_of_cand)  # [bs, C] candidate id per lex position
-    slot_lex = slots.take(cand_at_lex)
-    rank_lex = ranks.take(cand_at_lex)
-    valid_lex = prev.valid.gather(1, slot_lex)
-    weight_lex = prev.weight.gather(1, slot_lex) + lp_d.gather(1, rank_lex)  # float rule: parent + lp
-    weight_lex = torch.where(valid_lex, weight_lex, torch.full_like(weight_lex, float("-inf")))
-    keep = torch.sort(weight_lex, dim=1, descending=True, stable=True).indices[:, : min(budget, num)]
-    # New lexpos: rank of each kept lex position among the kept ones (invalid ones come last,
-    # because invalid parents hold the last lex positions of their level).
-    kept_mark = torch.zeros_like(lex_of_cand).scatter_(1, keep, 1)
-    lexpos = (torch.cumsum(kept_mark, dim=1) - 1).gather(1, keep)
-    return _Level(
-        weight=weight_lex.gather(1, keep),
-        lexpos=lexpos,
-        parent=slot_lex.gather(1, keep),
-        rank=rank_lex.gather(1, keep),
-        valid=valid_lex.gather(1, keep),
-    )
+    lvl = levels[d]
+    if lvl.lexpos is not None:
+        return lvl.lexpos
+    prev_lexpos = _ensure_lexpos(levels, d - 1)
+    prev = levels[d - 1]
+    valid = lvl.valid
+    count = torch.zeros_like(prev.weight, dtype=torch.int64).scatter_add_(1, lvl.parent, valid.to(torch.int64))
+    count_lex = count.gather(1, prev.slot_of_lex)
+    start = (torch.cumsum(count_lex, dim=1) - count_lex).gather(1, prev_lexpos)
+    slot_ids = torch.arange(lvl.weight.shape[1], device=lvl.weight.device).expand_as(lvl.parent)
+    lvl.lexpos = torch.where(valid, start.gather(1, lvl.parent) + lvl.rank, slot_ids)
+    lvl.slot_of_lex = _inverse_permutation(lvl.lexpos)
+    return lvl.lexpos
 
 
-def _certify(levels: list[_Level], lp: torch.Tensor, budget: int) -> torch.Tensor:
-    """True when no pruned pair could belong to the tree (see module docstring).
+def _risky_pruned(
+    levels: list[_Level], level: _Level, lp_d: torch.Tensor, pairs: _Pairs, budget: int, dynamic: bool
+) -> torch.Tensor:
+    """[bs, 1] heaviest pruned pair at this depth that might belong to its best children.
 
-    For parent slot i the first pruned rank is its pair width (min(K, budget // (i + 1)));
-    that child's weight must be strictly below the budget-th best kept weight (-inf if fewer
-    were kept, which fails). The argument holds for any widths, so the certificate reads them
-    from ``_pair_lists`` rather than re-deriving the bound.
+    Parent slot i's first pruned rank is its pair width (when < K); later ranks and their
+    descendants have larger keys. The pair is harmless when its key (-weight, lexkey) is
+    larger than the budget-th kept child's (impossible to show if fewer were kept); the
+    caller also clears any pair below the final floor (which is >= the budget-th kept
+    child's weight). In exact arithmetic the pair rule never fails; float64 rounding can
+    merge two sums and make it fail.
     """
-    k = lp.shape[2]
-    if budget == 0:
-        return torch.ones((), dtype=torch.bool, device=lp.device)
-    kept = torch.cat([lvl.weight for lvl in levels[1:]], dim=1)
-    take = min(budget, kept.shape[1])
-    threshold = torch.sort(kept, dim=1, descending=True).values[:, take - 1 : take]
-    if take < budget:
-        threshold = torch.full_like(threshold, float("-inf"))
-    ok = torch.ones((), dtype=torch.bool, device=lp.device)
-    for d in range(1, len(levels)):
-        parent = levels[d - 1]
-        first_pruned = _pair_lists(parent.weight.shape[1], k, budget, True)[2]
-        if min(first_pruned) >= k:  # nothing was pruned below this level
-            continue
-        idx = torch.tensor([min(j, k - 1) for j in first_pruned], dtype=torch.int64, device=lp.device)
-        has_pruned = torch.tensor([j < k for j in first_pruned], dtype=torch.bool, device=lp.device)
-        pruned_weight = parent.weight + lp[:, d - 1, :].index_select(1, idx)
-        safe = ~parent.valid | ~has_pruned | (pruned_weight < threshold)
-        ok = ok & safe.all()
-    return ok
+    prev = levels[-1]  # the new level is not appended yet
+    k = lp_d.shape[1]
+    num_parents = pairs.widths.shape[0]
+    weight = prev.weight[:, :num_parents] + lp_d.index_select(1, pairs.first_pruned)  # float rule
+    if not pairs.all_pruned:
+        weight = weight.masked_fill(~pairs.has_pruned, float("-inf"))
+    heaviest = weight.amax(1, keepdim=True)
+    if level.weight.shape[1] < budget:
+        return heaviest
+    last = level.weight[:, budget - 1 : budget]
+    if dynamic and not bool((heaviest >= last).any()):
+        return heaviest  # all below the budget-th kept child, hence below the final floor
+    # Pairs tied with the budget-th kept child are harmless when their lexkey is larger.
+    lexpos = _ensure_lexpos(levels, len(levels) - 1)
+    pruned_lex = lexpos[:, :num_parents] * k + pairs.first_pruned
+    last_lex = lexpos.gather(1, level.parent[:, budget - 1 :]) * k + level.rank[:, budget - 1 :]
+    cleared = (weight == last) & (pruned_lex > last_lex)
+    return weight.masked_fill(cleared, float("-inf")).amax(1, keepdim=True)
 
 
 def _preorder(levels: list[_Level]) -> list[torch.Tensor]:
     """Preorder index of each kept slot in the trie of kept nodes (children in rank order)."""
+    for d in range(len(levels)):
+        _ensure_lexpos(levels, d)
     sizes = [lvl.valid.to(torch.int64) for lvl in levels]
     for d in range(len(levels) - 1, 0, -1):
         sizes[d - 1] = sizes[d - 1].scatter_add(1, levels[d].parent, sizes[d])
     pre = [torch.zeros_like(levels[0].lexpos)]
     for d in range(1, len(levels)):
         lvl = levels[d]
-        slot_of_lex = _inverse_permutation(lvl.lexpos)  # lex order groups siblings, rank order
+        slot_of_lex = lvl.slot_of_lex  # lex order groups siblings, rank order
         size_lex = sizes[d].gather(1, slot_of_lex)
         parent_lex = lvl.parent.gather(1, slot_of_lex)
         before = torch.cumsum(size_lex, dim=1) - size_lex
@@ -295,54 +456,79 @@ def _preorder(levels: list[_Level]) -> list[torch.Tensor]:
 
 def _assemble(
     levels: list[_Level],
-    preorder: list[torch.Tensor],
     token_ids: torch.Tensor,
     budget: int,
     root_tokens: Optional[torch.Tensor],
+    dynamic: bool,
 ) -> DDTreeBatch:
-    """Global best ``budget`` over the kept levels, in key order, as padded [bs, N] tensors."""
+    """Global best ``budget`` over the kept levels, in key order, as padded [bs, N] tensors.
+
+    Across depths the lexicographic key is the preorder index in the trie of kept nodes;
+    it is only computed when weights tie (see ``_select_by_key``).
+    """
     bs, depth, k = token_ids.shape
     device = token_ids.device
-    n = budget + 1
     real = count_possible_nodes(depth, k, budget)
     root_token = (
         root_tokens.to(torch.int64) if root_tokens is not None else torch.full((bs,), -1, dtype=torch.int64, device=device)
     )
-    out = _empty_batch(bs, n, budget, real, root_token, device)
     if budget == 0 or len(levels) == 1:
-        return out
+        return _empty_batch(bs, budget + 1, budget, real, root_token, device)
     kept = levels[1:]
+    sizes = tuple(lvl.weight.shape[1] for lvl in kept)
     weight = torch.cat([lvl.weight for lvl in kept], dim=1)
-    pre = torch.cat(preorder[1:], dim=1)
-    level_of = torch.cat(
-        [torch.full((lvl.weight.shape[1],), d + 1, dtype=torch.int64, device=device) for d, lvl in enumerate(kept)]
-    )
-    offsets = [0]
-    for lvl in levels:
-        offsets.append(offsets[-1] + lvl.weight.shape[1])
-    offset_of = torch.tensor(offsets[:-1], dtype=torch.int64, device=device)
-    parent_flat = torch.cat([lvl.parent + offsets[d] for d, lvl in enumerate(kept)], dim=1)
-    rank_flat = torch.cat([lvl.rank for lvl in kept], dim=1)
-
     # Kept slots always cover the tree; min() only guards results the certificate rejects.
     real = min(real, weight.shape[1])
-    order = _sort_by_key(weight, pre)[:, :real]  # [bs, real] indices into the kept levels
+
+    def preorder() -> torch.Tensor:
+        return torch.cat(_preorder(levels)[1:], dim=1)
+
+    order, sel_weight = _select_by_key(weight, preorder, real, 1 + sum(sizes), dynamic)
+    level_of, offset_of = _level_tables(sizes, device)
+    # Parents as indices into the concatenated kept levels; depth-1 parents (the root) -> -1.
+    parent_flat = torch.cat([kept[0].parent - 1] + [lvl.parent + offset_of[d] for d, lvl in enumerate(kept[1:])], dim=1)
+    rank_flat = torch.cat([lvl.rank for lvl in kept], dim=1)
     sel_depth = level_of.take(order)
     sel_rank = rank_flat.gather(1, order)
-    # Map every kept slot (flattened over all levels, root = 0) to its node index.
-    node_of = torch.full((bs, offsets[-1]), -1, dtype=torch.int64, device=device)
-    node_of[:, 0] = 0
-    node_ids = torch.arange(1, real + 1, dtype=torch.int64, device=device).expand(bs, real)
-    node_of.scatter_(1, order + offset_of[1], node_ids)
-    sel_parent = node_of.gather(1, parent_flat.gather(1, order))
+    # Node index of every kept slot (0 = not selected); the root is node 0 as well.
+    node_of = torch.zeros((bs, weight.shape[1] + 1), dtype=torch.int64, device=device)
+    node_of.scatter_(1, order + 1, torch.arange(1, real + 1, dtype=torch.int64, device=device).expand(bs, real))
+    sel_parent = node_of.gather(1, parent_flat.gather(1, order) + 1)
+    sel_token = token_ids.reshape(bs, depth * k).gather(1, (sel_depth - 1) * k + sel_rank).to(torch.int64)
 
-    flat_tok = token_ids.to(torch.int64).reshape(bs, depth * k)
-    out.tokens[:, 1 : real + 1] = flat_tok.gather(1, (sel_depth - 1) * k + sel_rank)
-    out.depths[:, 1 : real + 1] = sel_depth
-    out.parents[:, 1 : real + 1] = sel_parent
-    out.ranks[:, 1 : real + 1] = sel_rank
-    out.node_logws[:, 1 : real + 1] = weight.gather(1, order)
-    return out
+    return _padded_batch(
+        bs,
+        budget,
+        real,
+        device,
+        tokens=(root_token[:, None], sel_token, -1),
+        depths=(0, sel_depth, -1),
+        parents=(-1, sel_parent, -1),
+        ranks=(-1, sel_rank, -1),
+        node_logws=(0.0, sel_weight, float("-inf")),
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _level_tables(sizes: tuple[int, ...], device) -> tuple[torch.Tensor, list[int]]:
+    """Depth of each slot of the concatenated kept levels, and each level's first slot."""
+    level_of = torch.cat([torch.full((n,), d + 1, dtype=torch.int64) for d, n in enumerate(sizes)]).to(device)
+    offsets = [0]
+    for n in sizes:
+        offsets.append(offsets[-1] + n)
+    return level_of, offsets
+
+
+def _padded_batch(bs: int, budget: int, real: int, device, **columns) -> DDTreeBatch:
+    """DDTreeBatch from (root value, [bs, real] nodes, padding value) per field."""
+    out = {}
+    for name, (root, nodes, pad) in columns.items():
+        parts = [root if torch.is_tensor(root) else torch.full((bs, 1), root, dtype=nodes.dtype, device=device), nodes]
+        if real < budget:
+            parts.append(torch.full((bs, budget - real), pad, dtype=nodes.dtype, device=device))
+        out[name] = torch.cat(parts, dim=1)
+    num_nodes = torch.full((bs,), real + 1, dtype=torch.int64, device=device)
+    return DDTreeBatch(num_nodes=num_nodes, budget=budget, **out)
 
 
 def _empty_batch(bs: int, n: int, budget: int, real: int, root_token: torch.Tensor, device) -> DDTreeBatch:
