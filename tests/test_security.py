@@ -80,3 +80,12 @@ def test_sources_keep_secure_defaults(pattern, why):
     hits = [f"{p.relative_to(PROJECT_ROOT)}:{n}" for p in SOURCES
             for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(pattern, line)]
     assert not hits, f"{why}: {hits}"
+
+
+def test_rendered_env_file_is_private(tmp_path, cli):
+    """The env file may hold tokens (host env, --set env.X): only its owner reads it."""
+    out = tmp_path / "out"
+    r = cli("render", "--host", "rtx6000", "-t", "tp8", "--set", "env.HF_TOKEN=hf_secret", "-o", str(out))
+    assert r.code == 0, r.stderr
+    assert (out / "rtx6000-tp8.env").stat().st_mode & 0o777 == 0o600
+    assert "hf_secret" in (out / "rtx6000-tp8.env").read_text() and "hf_secret" not in r.stderr

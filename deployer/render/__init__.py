@@ -173,12 +173,12 @@ def _groups_of(inventory: Inventory, hosts: list[Host], size: int) -> list[list[
 
 
 def write_units(units: list[RenderedUnit], out_dir: Path) -> list[Path]:
-    """Write each unit's script (mode 0755) and env file (0644) into out_dir."""
+    """Write each unit's script (mode 0755) and env file (0600: it may hold tokens) into out_dir."""
     written = []
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         for unit in units:
-            for fname, text, mode in ((unit.script_file, unit.script, 0o755), (unit.env_file, unit.env, 0o644)):
+            for fname, text, mode in ((unit.script_file, unit.script, 0o755), (unit.env_file, unit.env, 0o600)):
                 path = out_dir / fname
                 path.write_text(text)
                 os.chmod(path, mode)
