@@ -36,6 +36,7 @@ of the kept-node trie (= lexicographic order of rank tuples with prefixes first)
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Optional
@@ -187,7 +188,10 @@ def _select_trees(
             sizes = _active_sizes(levels[-1], lp[:, d - 1, :], floor, budget, dynamic)
             if sizes is None:
                 break  # no row has a node left that can reach the tree
-            level, level_risky = _expand_level(levels, lp[:, d - 1, :], floor, budget, sizes, prune, dynamic)
+            expanded = _expand_level(levels, lp[:, d - 1, :], floor, budget, sizes, prune, dynamic)
+            if expanded is None:
+                break
+            level, level_risky = expanded
             levels.append(level)
             if level_risky is not None:
                 risky.append(level_risky)
@@ -318,21 +322,26 @@ def _expand_level(
     sizes: tuple[int, int],
     prune: bool,
     dynamic: bool,
-) -> tuple[_Level, Optional[torch.Tensor]]:
+) -> Optional[tuple[_Level, Optional[torch.Tensor]]]:
     """Best ``budget`` children (by key) at the next depth, and its risky pruned weight.
 
-    lp_d: float64 [bs, K]. Children below the floor are masked to -inf (invalid).
+    lp_d: float64 [bs, K]. Children below the floor are masked to -inf (invalid). None when
+    no candidate can reach the floor (with host reads only).
     """
     prev = levels[-1]
     k = lp_d.shape[1]
     pairs = _candidate_pairs(*sizes, budget, prune, k, lp_d.device)
+    if dynamic and floor is not None and pairs.slots.numel() * lp_d.shape[0] >= _NARROW_MIN_SCORES:
+        pairs = _pairs_above_floor(pairs, prev.weight[:, : sizes[0]], lp_d[:, : sizes[1]], floor)
+        if pairs is None:
+            return None
     weight = prev.weight.index_select(1, pairs.slots) + lp_d.index_select(1, pairs.ranks)  # float rule
     if floor is not None:
         weight.masked_fill_(weight < floor, float("-inf"))
     keep = min(budget, weight.shape[1])
 
-    def lexkey() -> torch.Tensor:  # lexicographic key of each candidate's rank tuple
-        return _ensure_lexpos(levels, len(levels) - 1).index_select(1, pairs.slots) * k + pairs.ranks
+    def lexkey(idx: torch.Tensor) -> torch.Tensor:  # lexicographic key of candidates' rank tuples
+        return _ensure_lexpos(levels, len(levels) - 1).gather(1, pairs.slots.take(idx)) * k + pairs.ranks.take(idx)
 
     order, values = _select_by_key(weight, lexkey, keep, prev.weight.shape[1] * k, dynamic)
     level = _Level(weight=values, parent=pairs.slots.take(order), rank=pairs.ranks.take(order))
@@ -341,29 +350,65 @@ def _expand_level(
     return level, _risky_pruned(levels, level, lp_d, pairs, budget, dynamic)
 
 
+# Narrowing the pairs to the floor costs ~10 small ops; it pays off from about this many scores.
+_NARROW_MIN_SCORES = 16384
+
+
+def _pairs_above_floor(
+    pairs: _Pairs, parent_weight: torch.Tensor, lp_d: torch.Tensor, floor: torch.Tensor
+) -> Optional[_Pairs]:
+    """``pairs`` narrowed, per parent slot, to the ranks whose child can reach the floor in
+    some row (None if no pair can). Host reads; an over-count is harmless (the floor mask
+    follows), an under-count is not, hence the margin: fl(w + lp) >= floor implies
+    lp >= floor - w - 2^-52 * |floor|, far inside 1e-12 * (|floor| + |w|).
+    """
+    bs = parent_weight.shape[0]
+    slack = (floor.abs() + parent_weight.abs()) * 1e-12
+    bound = (parent_weight - floor + slack).masked_fill_(parent_weight == float("-inf"), float("-inf"))
+    reach = torch.searchsorted(torch.neg(lp_d).contiguous(), bound.contiguous(), side="right")
+    widths = torch.minimum(pairs.widths, reach.amax(0) if bs > 1 else reach[0])
+    width_list = widths.tolist()
+    total = sum(width_list)
+    if total == 0:
+        return None
+    slots = torch.repeat_interleave(torch.arange(len(width_list), device=widths.device), widths, output_size=total)
+    starts = torch.cumsum(widths, 0) - widths
+    ranks = torch.arange(total, device=widths.device) - starts.index_select(0, slots)
+    # The certificate still checks the first pair past the pair rule (first_pruned): ranks
+    # between the two widths are below the floor, so it stays the first that may matter.
+    return dataclasses.replace(pairs, slots=slots, ranks=ranks, widths=widths)
+
+
 def _select_by_key(weight: torch.Tensor, lexkey, keep: int, lex_range: int, dynamic: bool):
     """The ``keep`` smallest keys (-weight, lexkey) per row, in key order: (indices, weights).
 
-    ``lexkey`` is a callable returning int64 [bs, C], unique among valid entries; it is
-    only built when weights tie. One topk finds the ``keep + 1`` best weights; if they are
-    all distinct (and the boundary is strict), weight order is key order. Otherwise a
-    second topk on an exact integer key: (position of the weight among the top values,
-    lexkey), which needs no float-to-int trick and is exact for any weights.
+    ``lexkey(idx)`` returns the int64 lexicographic keys (< lex_range, unique among valid
+    entries) of the entries ``idx`` [bs, m]; it is only called when weights tie. One topk
+    finds the ``keep + 1`` best weights; if they are all distinct (so the boundary is
+    strict too), weight order is key order. Otherwise every entry at or above the keep-th
+    weight is taken in weight order, and a second topk orders them on an exact integer key:
+    (start of the entry's run of equal weights, lexkey).
     """
-    top = torch.topk(weight, min(keep + 1, weight.shape[1]), dim=1)
+    num = weight.shape[1]
+    top = torch.topk(weight, min(keep + 1, num), dim=1)
     # Equal finite neighbours differ by exactly 0; -inf neighbours (invalid) give nan.
     if dynamic and not bool((torch.diff(top.values, dim=1) == 0).any()):
         return top.indices[:, :keep], top.values[:, :keep]
-    vals = top.values[:, :keep]
-    if keep * lex_range >= 2**62:  # the integer key would overflow: two stable sorts instead
-        order = _sort_by_key(weight, lexkey())[:, :keep]
-        return order, weight.gather(1, order)
-    # Entries at or above the keep-th weight all have their value among ``vals``; its first
-    # position there orders distinct weights exactly and gives equal weights equal ranks.
-    position = torch.searchsorted(torch.neg(vals).contiguous(), torch.neg(weight).contiguous(), side="left")
-    key = torch.where(weight >= vals[:, keep - 1 :], position * lex_range + lexkey(), torch.iinfo(torch.int64).max)
+    last = top.values[:, keep - 1 : keep]
+    tied = int((weight >= last).sum(1).max()) if dynamic else num  # entries at or above it
+    if tied > top.values.shape[1]:
+        top = torch.topk(weight, tied, dim=1)
+    values, idx = top.values[:, :tied], top.indices[:, :tied]
+    if (tied + 1) * lex_range >= 2**62:  # the integer key would overflow: two stable sorts instead
+        order = _sort_by_key(values, lexkey(idx))[:, :keep]
+        return idx.gather(1, order), values.gather(1, order)
+    ids = torch.arange(tied, device=weight.device).expand_as(idx)
+    new_run = torch.ones_like(idx, dtype=torch.bool)
+    new_run[:, 1:] = values[:, 1:] != values[:, :-1]
+    run_start = torch.cummax(torch.where(new_run, ids, 0), dim=1).values
+    key = torch.where(values >= last, run_start * lex_range + lexkey(idx), torch.iinfo(torch.int64).max)
     order = torch.topk(key, keep, dim=1, largest=False).indices
-    return order, weight.gather(1, order)
+    return idx.gather(1, order), values.gather(1, order)
 
 
 def _sort_by_key(weight: torch.Tensor, lexkey: torch.Tensor) -> torch.Tensor:
@@ -480,8 +525,8 @@ def _assemble(
     # Kept slots always cover the tree; min() only guards results the certificate rejects.
     real = min(real, weight.shape[1])
 
-    def preorder() -> torch.Tensor:
-        return torch.cat(_preorder(levels)[1:], dim=1)
+    def preorder(idx: torch.Tensor) -> torch.Tensor:
+        return torch.cat(_preorder(levels)[1:], dim=1).gather(1, idx)
 
     order, sel_weight = _select_by_key(weight, preorder, real, 1 + sum(sizes), dynamic)
     level_of, offset_of = _level_tables(sizes, device)
