@@ -56,7 +56,10 @@ class Timeouts:
                 try:
                     values[name] = float(raw)
                 except ValueError:
-                    raise ConnectError(f"DDEPLOY_{name.upper()}_TIMEOUT={raw!r} is not a number of seconds") from None
+                    values[name] = float("nan")
+                if not 0 < values[name] < 1e9:  # also refuses nan and inf
+                    raise ConnectError(f"DDEPLOY_{name.upper()}_TIMEOUT={raw!r} is not a number of seconds "
+                                       f"(must be positive and finite)")
         return cls(**values)
 
 
@@ -205,7 +208,10 @@ def _pump_local(proc: subprocess.Popen, input: bytes | None, stream: Stream | No
                 splitter.feed(data)
     splitter.flush()
     proc.wait()
-    return bufs[proc.stdout.fileno()].decode(errors="replace"), bufs[proc.stderr.fileno()].decode(errors="replace")
+    out, err = bufs[proc.stdout.fileno()], bufs[proc.stderr.fileno()]
+    proc.stdout.close()
+    proc.stderr.close()
+    return out.decode(errors="replace"), err.decode(errors="replace")
 
 
 def _feed_stdin(pipe, data: bytes) -> None:

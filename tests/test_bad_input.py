@@ -252,3 +252,14 @@ def test_host_python_replying_junk(tmp_path, cli, reply, expect):
     r = cli("log", "--host", "g1", inventory=inv)
     one_error_line(r)
     assert expect in r.stderr and "internal error" not in r.stderr
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf"])
+def test_bad_timeout_setting_is_named(tmp_path, cli, monkeypatch, value):
+    monkeypatch.setenv("DDEPLOY_CONNECT_TIMEOUT", value)
+    inv, _ = inventory(tmp_path, with_change(ssh__port=_closed_port()))
+    r = cli("status", "--host", "g1", inventory=inv)
+    one_error_line(r)
+    assert f"DDEPLOY_CONNECT_TIMEOUT={value!r} is not a number of seconds (must be positive and finite)" in r.stderr
+    assert r.code == 5
+    assert "internal error" not in r.stderr
