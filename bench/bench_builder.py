@@ -3,9 +3,12 @@
     .venv/bin/python bench/bench_builder.py [--repeats 5] [--threads 1]
 
 CPU only; L = 15 draft depths, K = budget (the overlay's default top-K is min(budget, vocab)),
-draft log-probs = sorted log_softmax of random logits over a 4096-token vocabulary. Both
-builders run with validate=False, so the table times tree selection alone. Prints the median
-time per batch and the heap/batched ratio (> 1: the batched builder is faster).
+draft log-probs = sorted log_softmax of random logits (N(0, 1) * scale) over a 4096-token
+vocabulary. Two tables: flat drafts (scale 2.5, the original table: trees 1-2 deep) and peaked
+drafts (scale 6: trees 4-9 deep, so the batched builder cannot stop after two depths). Both
+builders run with validate=False, so the tables time tree selection alone. Prints the median
+time per batch, the heap/batched ratio (> 1: the batched builder is faster) and the deepest
+node of the batch's trees.
 """
 
 from __future__ import annotations
@@ -36,9 +39,9 @@ def _import_overlay():
     return build_ddtree_tree_from_topk, build_ddtree_batched
 
 
-def _draft(bs: int, depth: int, k: int, seed: int):
+def _draft(bs: int, depth: int, k: int, seed: int, scale: float = 2.5):
     gen = torch.Generator().manual_seed(seed)
-    logits = torch.randn(bs, depth, 4096, generator=gen) * 2.5
+    logits = torch.randn(bs, depth, 4096, generator=gen) * scale
     top = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)  # sorted descending
     return top.values, top.indices
 
@@ -63,14 +66,22 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     heap_build, batched_build = _import_overlay()
     depth = 15
-    print(f"DDTree builders on CPU, torch {torch.__version__}, {args.threads} threads, L={depth}, K=budget, "
-          f"median of {args.repeats}")
-    header = f"{'bs':>4} {'budget':>6} {'heap ms/batch':>14} {'batched ms/batch':>17} {'heap/batched':>13}"
+    for label, scale in (("flat drafts", 2.5), ("peaked drafts", 6.0)):
+        print(f"DDTree builders on CPU, torch {torch.__version__}, {args.threads} threads, L={depth}, K=budget, "
+              f"median of {args.repeats}, {label} (logit scale {scale})")
+        _table(heap_build, batched_build, depth, scale, args.repeats)
+        print()
+
+
+def _table(heap_build, batched_build, depth: int, scale: float, repeats: int) -> None:
+    header = f"{'bs':>4} {'budget':>6} {'heap ms/batch':>14} {'batched ms/batch':>17} {'heap/batched':>13} {'depth':>6}"
     print(header)
     print("-" * len(header))
     for bs in (1, 8, 32, 64):
         for budget in (16, 64, 256):
-            lp, ids = _draft(bs, depth, budget, seed=bs * 1000 + budget)
+            # The flat table keeps its original seeds (comparable with earlier runs).
+            seed = bs * 1000 + budget if scale == 2.5 else bs * 1000 + budget + 1
+            lp, ids = _draft(bs, depth, budget, seed=seed, scale=scale)
 
             def heap() -> None:
                 for b in range(bs):
@@ -79,9 +90,11 @@ def main() -> None:
             def batched() -> None:
                 batched_build(lp, ids, budget, validate=False)
 
-            t_heap = _median_seconds(heap, args.repeats)
-            t_batched = _median_seconds(batched, args.repeats)
-            print(f"{bs:>4} {budget:>6} {t_heap * 1e3:>14.2f} {t_batched * 1e3:>17.2f} {t_heap / t_batched:>12.2f}x")
+            t_heap = _median_seconds(heap, repeats)
+            t_batched = _median_seconds(batched, repeats)
+            deepest = int(batched_build(lp, ids, budget, validate=False).depths.max())
+            print(f"{bs:>4} {budget:>6} {t_heap * 1e3:>14.2f} {t_batched * 1e3:>17.2f} {t_heap / t_batched:>12.2f}x"
+                  f" {deepest:>6}")
 
 
 if __name__ == "__main__":

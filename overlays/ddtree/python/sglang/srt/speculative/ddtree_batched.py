@@ -274,8 +274,8 @@ class _Pairs:
     slots: torch.Tensor  # int64 [C]
     ranks: torch.Tensor  # int64 [C]
     widths: torch.Tensor  # int64 [P], pairs per parent slot (a rank prefix)
-    first_pruned: torch.Tensor  # int64 [P], min(width, K - 1)
-    has_pruned: torch.Tensor  # bool [P], width < K
+    first_pruned: torch.Tensor  # int64 [P], min(width, K - 1): the first rank not scored
+    has_pruned: torch.Tensor  # bool [P], width < num_ranks: the pair rule cut this parent
     any_pruned: bool
     all_pruned: bool
 
@@ -283,7 +283,11 @@ class _Pairs:
 def _candidate_pairs(num_parents: int, num_ranks: int, budget: int, prune: bool, k: int, device) -> _Pairs:
     """(parent slot i, rank j < num_ranks) pairs to score: (i+1)*(j+1) <= budget when
     pruning, else all. Cached per device, keyed on ``_pair_lists`` itself so that a replaced
-    pair rule takes effect."""
+    pair rule takes effect.
+
+    Only ranks cut by the pair rule need the certificate: rank ``num_ranks`` is exactly out
+    (it is ``budget``, with ``budget`` better siblings, or it is below the floor for every
+    parent, see ``_active_sizes``)."""
     return _pair_tensors(_pair_lists, num_parents, num_ranks, budget, prune, k, device)
 
 
@@ -297,9 +301,9 @@ def _pair_tensors(pair_lists, num_parents: int, num_ranks: int, budget: int, pru
         ranks=as_tensor(ranks),
         widths=width_t,
         first_pruned=width_t.clamp(max=k - 1),
-        has_pruned=width_t < k,
-        any_pruned=min(widths) < k,
-        all_pruned=max(widths) < k,
+        has_pruned=width_t < num_ranks,
+        any_pruned=min(widths) < num_ranks,
+        all_pruned=max(widths) < num_ranks,
     )
 
 
@@ -345,7 +349,7 @@ def _expand_level(
 
     order, values = _select_by_key(weight, lexkey, keep, prev.weight.shape[1] * k, dynamic)
     level = _Level(weight=values, parent=pairs.slots.take(order), rank=pairs.ranks.take(order))
-    if not pairs.any_pruned:  # every rank below K was scored (or cut by the exact floor)
+    if not pairs.any_pruned:  # the pair rule cut nothing (see _candidate_pairs)
         return level, None
     return level, _risky_pruned(levels, level, lp_d, pairs, budget, dynamic)
 
@@ -451,7 +455,7 @@ def _risky_pruned(
 ) -> torch.Tensor:
     """[bs, 1] heaviest pruned pair at this depth that might belong to its best children.
 
-    Parent slot i's first pruned rank is its pair width (when < K); later ranks and their
+    Parent slot i's first pruned rank is its pair width (when the rule cut it); later ranks and their
     descendants have larger keys. The pair is harmless when its key (-weight, lexkey) is
     larger than the budget-th kept child's (impossible to show if fewer were kept); the
     caller also clears any pair below the final floor (which is >= the budget-th kept
