@@ -31,7 +31,7 @@ from .pathsafety import check_path
 CONCERNS_FILE = "concerns.yaml"
 HUNKS_DIR = "hunks"
 DEFAULT_IGNORE = ("**/__pycache__/**", "**/*.pyc", "**/.pytest_cache/**", "**/.DS_Store")
-_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*\Z")
 
 
 @dataclass(frozen=True)

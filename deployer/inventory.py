@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import InventoryError
 from .paths import HOSTS_DIR, cache_dir
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-ARCH_RE = re.compile(r"^sm_(\d+)(\d)([af]?)$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
+ARCH_RE = re.compile(r"^sm_(\d+)(\d)([af]?)\Z")
 
 
 class _Strict(BaseModel):
@@ -121,7 +121,7 @@ class Host(_Strict):
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         for key in v:
-            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", key):
                 raise ValueError(f"environment name {key!r} is not a valid variable name")
         return v
 

@@ -30,7 +30,7 @@ from .errors import ChecksumError, PatchSetError
 from .pathsafety import patch_paths
 from .paths import PATCH_SET_NAME, patch_set_root
 
-VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
+VERSION_RE = re.compile(r"^\d+\.\d+\.\d+\Z")
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,9 @@ def with_change(**change) -> str:
     (with_change(name="g 1"), "field name:"),
     (with_change(env={"A": 1}), "field env.A: Input should be a valid string"),
     (with_change(env={"A B": "x"}), "environment name 'A B' is not a valid variable name"),
+    (with_change(name="g1\n"), "field name: 'g1\\n' must be letters"),
+    (with_change(gpu__arch="sm_120\n"), "field gpu.arch: 'sm_120\\n' is not a CUDA arch"),
+    (with_change(env={"A\n": "x"}), "environment name 'A\\n' is not a valid variable name"),
     (with_change(checkout="~/sglang"), "field checkout: '~/sglang' must be an absolute path"),
     (with_change(checkout="sglang"), "field checkout: 'sglang' must be an absolute path"),
     (with_change(checkout="/opt/a\nb"), "field checkout: '/opt/a\\nb' contains a newline or control character"),
@@ -263,3 +266,11 @@ def test_bad_timeout_setting_is_named(tmp_path, cli, monkeypatch, value):
     assert f"DDEPLOY_CONNECT_TIMEOUT={value!r} is not a number of seconds (must be positive and finite)" in r.stderr
     assert r.code == 5
     assert "internal error" not in r.stderr
+
+
+@pytest.mark.parametrize("version", ["0.1.0\n", "1.2", "../../x"])
+def test_export_refuses_a_malformed_version_before_writing(tmp_path, cli, monkeypatch, version):
+    monkeypatch.setenv("DDEPLOY_PATCHES_DIR", str(tmp_path / "released"))
+    r = cli("patches", "export", "--version", version)
+    assert f"version {version!r} must look like MAJOR.MINOR.PATCH" in one_error_line(r) and r.code == 2
+    assert not (tmp_path / "released").exists()

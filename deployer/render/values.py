@@ -19,7 +19,7 @@ from ..inventory import Host
 from .profiles import HardwareProfile, Profiles, Topology
 
 ENV_PREFIX = "env."
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # Facts derived from the host that vars or --set may override (the rest are read-only facts).
 SETTABLE_FACTS = {"node_addr": str, "launch_dir": str, "server_command": list}
 
