@@ -89,3 +89,25 @@ def test_rendered_env_file_is_private(tmp_path, cli):
     assert r.code == 0, r.stderr
     assert (out / "rtx6000-tp8.env").stat().st_mode & 0o777 == 0o600
     assert "hf_secret" in (out / "rtx6000-tp8.env").read_text() and "hf_secret" not in r.stderr
+
+
+@pytest.mark.sshd
+def test_push_and_rollback_on_a_checkout_path_full_of_metacharacters(sshd_fleet, patch_sets, tmp_path, cli):
+    """The whole flow (rsync of the set, agent, git) treats an odd checkout path as data."""
+    import yaml
+    from deployer.base import clone_base
+    from sshd_hosts import STUB
+
+    marker = tmp_path / "PWNED"
+    weird = tmp_path / "sp ace" / f"$(touch {marker})`touch {marker}`'q\";x"
+    clone_base(weird)
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    doc = yaml.safe_load((sshd_fleet.inventory_dir / "h1.yaml").read_text())
+    (inv / "h1.yaml").write_text(yaml.safe_dump({**doc, "checkout": str(weird)}))
+    r = cli("push", "--host", "h1", "--version", str(patch_sets["v1"]), inventory=inv)
+    assert r.code == 0, r.stderr
+    assert (weird / STUB).read_text() == "VERSION = 1\n"
+    r = cli("rollback", "--host", "h1", inventory=inv)
+    assert r.code == 0, r.stderr
+    assert not (weird / STUB).exists() and not marker.exists()
