@@ -180,11 +180,13 @@ def _select_trees(
     dynamic = _host_reads(device)
     levels = [_root_level(bs, device)]
     risky: list[torch.Tensor] = []  # per depth: heaviest pruned pair not cleared (_risky_pruned)
+    seed = None
     if budget > 0:
         levels.append(_first_level(lp[:, 0, :], budget))
         best = levels[1].weight
+        seed = _chain_floor(lp, budget) if dynamic and bs * budget >= _SEED_MIN_NODES else None
         for d in range(2, depth + 1):
-            floor = _pool_floor(best, budget)
+            floor = _higher_floor(_pool_floor(best, budget), seed)
             sizes = _active_sizes(levels[-1], lp[:, d - 1, :], floor, budget, dynamic)
             if sizes is None:
                 break  # no row has a node left that can reach the tree
@@ -200,11 +202,42 @@ def _select_trees(
     if not risky:
         return batch, torch.ones((), dtype=torch.bool, device=device)
     # A pruned pair below the final floor has ``budget`` kept nodes ahead of it: harmless.
-    final_floor = _pool_floor(best, budget)
+    final_floor = _higher_floor(_pool_floor(best, budget), seed)
     heaviest = torch.cat(risky, dim=1).amax(1, keepdim=True)
     if final_floor is None:
         return batch, ~(heaviest > float("-inf")).any()
     return batch, ~((heaviest > float("-inf")) & (heaviest >= final_floor)).any()
+
+
+# The chain floor costs ~2 L small ops and one topk over L * min(K, budget) weights per row;
+# it pays off (fewer candidates at the first depths) from about this many nodes per batch.
+_SEED_MIN_NODES = 2048
+
+
+def _chain_floor(lp: torch.Tensor, budget: int) -> Optional[torch.Tensor]:
+    """[bs, 1] budget-th best weight among the nodes one rank off the rank-0 chain.
+
+    Those nodes, (0, ..., 0, j) at every depth, are distinct real nodes, so like the kept
+    pool they give a valid floor (see ``_pool_floor``); on peaked drafts it is far higher
+    than the first depths' pool floor. Weights follow the float rule, root to leaf.
+    """
+    bs, depth, k = lp.shape
+    n = min(k, budget)
+    if depth * n < budget:
+        return None
+    chain = torch.zeros((bs, 1), dtype=lp.dtype, device=lp.device)
+    rows = []
+    for d in range(depth):
+        rows.append(chain + lp[:, d, :n])  # float rule: chain weight + lp
+        chain = rows[-1][:, :1]
+    return torch.topk(torch.cat(rows, dim=1), budget, dim=1).values[:, budget - 1 :]
+
+
+def _higher_floor(pool: Optional[torch.Tensor], seed: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The larger of two valid floors (either may be missing)."""
+    if pool is None or seed is None:
+        return seed if pool is None else pool
+    return torch.maximum(pool, seed)
 
 
 def _root_level(bs: int, device: torch.device) -> _Level:
@@ -233,12 +266,16 @@ def _first_level(lp_1: torch.Tensor, budget: int) -> _Level:
 
 
 def _top_values(weight: torch.Tensor, budget: int) -> torch.Tensor:
-    """The min(budget, n) largest weights per row, descending."""
-    return torch.topk(weight, min(budget, weight.shape[1]), dim=1).values
+    """The min(budget, n) largest weights per row, in no particular order."""
+    if weight.shape[1] <= budget:
+        return weight
+    return torch.topk(weight, budget, dim=1, sorted=False).values
 
 
 def _pool_floor(best: torch.Tensor, budget: int) -> Optional[torch.Tensor]:
     """[bs, 1] weight floor: the budget-th best weight kept so far (None while fewer kept).
+
+    ``best`` holds the best min(budget, kept) weights per row, unordered.
 
     Exact pruning without any counting argument: ``budget`` kept nodes weigh at least the
     floor, so a node strictly below it has ``budget`` nodes with smaller keys and is not in
@@ -247,7 +284,7 @@ def _pool_floor(best: torch.Tensor, budget: int) -> Optional[torch.Tensor]:
     """
     if best.shape[1] < budget:
         return None
-    return best[:, budget - 1 : budget]
+    return best.amin(1, keepdim=True)
 
 
 def _active_sizes(prev: _Level, lp_d: torch.Tensor, floor: Optional[torch.Tensor], budget: int, dynamic: bool):
@@ -394,9 +431,10 @@ def _select_by_key(weight: torch.Tensor, lexkey, keep: int, lex_range: int, dyna
     (start of the entry's run of equal weights, lexkey).
     """
     num = weight.shape[1]
-    top = torch.topk(weight, min(keep + 1, num), dim=1)
+    # A few spare entries, so that ties at the boundary rarely need a second topk.
+    top = torch.topk(weight, min(keep + 1 + keep // 8, num), dim=1)
     # Equal finite neighbours differ by exactly 0; -inf neighbours (invalid) give nan.
-    if dynamic and not bool((torch.diff(top.values, dim=1) == 0).any()):
+    if dynamic and not bool((torch.diff(top.values[:, : keep + 1], dim=1) == 0).any()):
         return top.indices[:, :keep], top.values[:, :keep]
     last = top.values[:, keep - 1 : keep]
     tied = int((weight >= last).sum(1).max()) if dynamic else num  # entries at or above it
