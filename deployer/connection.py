@@ -243,8 +243,20 @@ class SSHConnection(Connection):
         import fabric  # heavy import, only when an SSH host is used
 
         self.host, self.timeouts = host, timeouts
-        spec = host.ssh
         self.ssh_config_path = _ssh_config_path(host)
+        try:
+            self._configure(fabric, host, timeouts)
+        except (paramiko.SSHException, ValueError, OSError) as exc:  # ConfigParseError, a non-integer Port, ...
+            where = f"ssh_config {self.ssh_config_path}" if self.ssh_config_path else "the ssh settings"
+            raise ConnectError(f"{where} cannot be used for {host.ssh.host}: {type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''}; fix it", host=host.name) from None
+        self.known_hosts = _known_hosts_path(self.fc.ssh_config)
+        self._secure(self.fc, accept_new_host_keys)
+        self._open()
+
+    def _configure(self, fabric, host: Host, timeouts: Timeouts) -> None:
+        """Read the ssh_config and build the Fabric connection (and its ProxyJump gateway)."""
+        spec = host.ssh
         config = fabric.Config(runtime_ssh_path=str(self.ssh_config_path)) if self.ssh_config_path else fabric.Config()
         connect_kwargs = {"banner_timeout": timeouts.banner, "auth_timeout": timeouts.auth,
                           "allow_agent": False}
@@ -258,9 +270,6 @@ class SSHConnection(Connection):
         self.fc = fabric.Connection(spec.host, user=spec.user, port=spec.port, config=config,
                                     connect_timeout=int(timeouts.connect), connect_kwargs=connect_kwargs,
                                     **({"gateway": gateway} if gateway else {}))
-        self.known_hosts = _known_hosts_path(self.fc.ssh_config)
-        self._secure(self.fc, accept_new_host_keys)
-        self._open()
 
     def _secure(self, fc, accept_new: bool) -> None:
         """Strict host keys on this hop and every ProxyJump hop (Fabric would auto-add them)."""

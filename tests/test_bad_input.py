@@ -274,3 +274,17 @@ def test_export_refuses_a_malformed_version_before_writing(tmp_path, cli, monkey
     r = cli("patches", "export", "--version", version)
     assert f"version {version!r} must look like MAJOR.MINOR.PATCH" in one_error_line(r) and r.code == 2
     assert not (tmp_path / "released").exists()
+
+
+@pytest.mark.parametrize("config, expect", [
+    (b"Host *\n  ProxyCommand\n", "ConfigParseError: Unparsable line ProxyCommand"),
+    (b"Host *\n  Port abc\n", "ValueError: invalid literal for int()"),
+    (b"\xff\xfe", "UnicodeDecodeError"),
+])
+def test_broken_ssh_config_is_named_not_an_internal_error(tmp_path, cli, config, expect):
+    inv, _ = inventory(tmp_path, with_change(ssh={"host": "127.0.0.1", "config": "cfg"}))
+    (inv / "cfg").write_bytes(config)
+    r = cli("status", "--host", "g1", inventory=inv)
+    one_error_line(r)
+    assert f"ssh_config {inv / 'cfg'} cannot be used for 127.0.0.1: {expect}" in r.stderr and r.code == 5
+    assert "internal error" not in r.stderr and "no: ssh_config" in r.stderr  # shown as unreachable
