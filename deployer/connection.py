@@ -331,8 +331,10 @@ class SSHConnection(Connection):
         return cmd
 
     def _remote(self, path: str) -> str:
-        # rsync parses "host:path"; with -s the path is not given to the remote shell.
-        return f"{self.host.ssh.host}:{path}"
+        # rsync parses "host:path" ("a::b" would mean an rsync daemon, so IPv6 goes in brackets);
+        # with -s the path is not given to the remote shell.
+        address = self.host.ssh.host
+        return f"[{address}]:{path}" if ":" in address else f"{address}:{path}"
 
     def rsync_to(self, local_path, remote_path, *, delete=False, checksum=False):
         self._rsync(str(local_path), self._remote(str(remote_path)), self.ssh_command(), delete, checksum)

@@ -111,3 +111,15 @@ def test_push_and_rollback_on_a_checkout_path_full_of_metacharacters(sshd_fleet,
     r = cli("rollback", "--host", "h1", inventory=inv)
     assert r.code == 0, r.stderr
     assert not (weird / STUB).exists() and not marker.exists()
+
+
+@pytest.mark.parametrize("address, remote", [("gpu1", "gpu1:/opt/x y"), ("::1", "[::1]:/opt/x y"),
+                                             ("fe80::1%eth0", "[fe80::1%eth0]:/opt/x y")])
+def test_rsync_remote_spec_never_means_an_rsync_daemon(address, remote):
+    """`a::b` is rsync's daemon syntax: an IPv6 ssh.host must be bracketed for rsync."""
+    from types import SimpleNamespace
+
+    from deployer.connection import SSHConnection
+
+    conn = SimpleNamespace(host=SimpleNamespace(ssh=SimpleNamespace(host=address)))
+    assert SSHConnection._remote(conn, "/opt/x y") == remote
