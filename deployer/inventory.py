@@ -206,7 +206,7 @@ class Inventory:
         self.directory = directory
         self.hosts: dict[str, Host] = {}
         for h in hosts:
-            if h.name in self.hosts and h.name != "local":
+            if h.name in self.hosts and self.hosts[h.name].source != "<builtin>":  # a file may replace `local` once
                 raise InventoryError(f"{h.source}: host '{h.name}' is also defined in {self.hosts[h.name].source}")
             self.hosts[h.name] = h
 

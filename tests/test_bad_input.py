@@ -106,6 +106,16 @@ def test_duplicate_host_across_files_names_both(tmp_path, cli):
     assert f"{b}: host 'g1' is also defined in {a}" in line
 
 
+def test_local_may_be_replaced_once_but_not_twice(tmp_path, cli):
+    local = {**GOOD, "name": "local", "connection": "local"}
+    del local["ssh"]
+    inv, a = inventory(tmp_path, yaml.safe_dump(local), "a.yaml")
+    assert cli("hosts", inventory=inv).code == 0
+    _, b = inventory(tmp_path, yaml.safe_dump(local), "b.yaml")
+    line = one_error_line(cli("hosts", inventory=inv))
+    assert f"{b}: host 'local' is also defined in {a}" in line
+
+
 def test_missing_inventory_dir(tmp_path, cli):
     line = one_error_line(cli("hosts", inventory=tmp_path / "nope"))
     assert f"inventory directory {tmp_path / 'nope'} does not exist" in line
