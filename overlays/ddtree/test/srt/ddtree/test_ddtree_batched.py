@@ -210,3 +210,39 @@ def test_fixed_shape_and_host_read_paths_agree_with_heap(monkeypatch, host_reads
         budget = int(torch.randint(0, 50, (1,), generator=gen))
         lp, ids = _random_drafts(gen, 16, depth, k, trial % 5)
         _assert_equals_heap(build_ddtree_batched(lp, ids, budget), lp, ids, budget)
+
+
+def test_large_batch_shortcuts_agree_with_heap(monkeypatch) -> None:
+    """The chain floor and the floor-narrowed pairs (on by size only: large batches) on every
+    draft mode, switched on here for small ones."""
+    monkeypatch.setattr(ddtree_batched, "_SEED_MIN_NODES", 0)
+    monkeypatch.setattr(ddtree_batched, "_NARROW_MIN_SCORES", 0)
+    gen = torch.Generator().manual_seed(2468)
+    for trial in range(60):
+        depth = int(torch.randint(1, 6, (1,), generator=gen))
+        k = int(torch.randint(1, 7, (1,), generator=gen))
+        budget = int(torch.randint(0, 50, (1,), generator=gen))
+        lp, ids = _random_drafts(gen, 16, depth, k, trial % 5)
+        _assert_equals_heap(build_ddtree_batched(lp, ids, budget), lp, ids, budget)
+    logits = torch.randn(8, 15, 64, generator=gen) * 6  # peaked: deep trees, ties from float32
+    lp, ids = torch.sort(torch.log_softmax(logits, dim=-1), dim=-1, descending=True)
+    _assert_equals_heap(build_ddtree_batched(lp, ids, 64), lp, ids, 64)
+
+
+def test_single_request_path_equals_tensor_path() -> None:
+    """bs = 1 on CPU runs the heap loop: same fields, dtypes, shapes and padding as the
+    tensor path (which the other tests check against the heap)."""
+    gen = torch.Generator().manual_seed(1357)
+    for trial in range(40):
+        depth = int(torch.randint(1, 5, (1,), generator=gen))
+        k = int(torch.randint(1, 5, (1,), generator=gen))
+        budget = int(torch.randint(0, 30, (1,), generator=gen))
+        lp, ids = _random_drafts(gen, 1, depth, k, trial % 5)
+        root = torch.tensor([5], dtype=torch.int32) if trial % 2 else None
+        single = build_ddtree_batched(lp.to(torch.float32), ids.to(torch.int32), budget, root_tokens=root)
+        tensor, _ = ddtree_batched._select_trees(lp.to(torch.float32).to(torch.float64), ids.to(torch.int32), budget, root, prune=False)
+        for name in ("tokens", "depths", "parents", "ranks", "node_logws", "num_nodes"):
+            got, want = getattr(single, name), getattr(tensor, name)
+            assert got.dtype == want.dtype and got.shape == want.shape, name
+            assert got.tolist() == want.tolist(), name
+        assert single.budget == budget

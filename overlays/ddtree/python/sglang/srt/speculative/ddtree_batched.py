@@ -24,14 +24,33 @@ Algorithm (why a tensor version can be exact): a node's key is larger than its p
 its previous sibling's, so the heap pops nodes in global key order and the tree is the
 ``budget`` smallest keys over all nodes. Per depth d we keep the best B (= budget) children
 of the nodes kept at depth d - 1, where a child's weight is parent weight + lp[d - 1, j].
-With parents in key order (slot i), only pairs with (i + 1) * (j + 1) <= B can be among the
-best B in exact arithmetic; float64 rounding can in principle merge two sums and break that
-counting argument, so the pruned result is certified (every pruned pair's best child must
-weigh strictly less than the B-th selected node) and, if the certificate fails, the build is
-redone without pruning (all P * K pairs), which is exact without any counting argument. The
-certificate costs one device-to-host read per call. Keys inside a depth use the per-depth
-lexicographic position of the parent's rank tuple; keys across depths use the preorder index
-of the kept-node trie (= lexicographic order of rank tuples with prefixes first).
+
+Pruning, three kinds:
+  * the floor (exact, no counting argument): the B-th best weight among B distinct real
+    nodes (those kept so far, or the nodes one rank off the rank-0 chain). A node strictly
+    below it has B nodes with smaller keys, and so do its descendants (rounding is monotone
+    and log-probs are <= 0, so a child never outweighs its parent). Candidates below the
+    floor are dropped; parents below it get no children; the loop stops at the first depth
+    where no row has a candidate left.
+  * rank B and beyond: such a child has B better siblings (exact).
+  * the pair rule: with parents in key order (slot i), only pairs with (i + 1) * (j + 1) <= B
+    can be among the best B in exact arithmetic. Float64 rounding can merge two sums and
+    break that counting argument, so each parent's first pair the rule cut is certified:
+    its key must be larger than the B-th kept child's at that depth, or its weight below the
+    final floor. If not, the build is redone without the pair rule, which is exact without
+    any counting argument. Exact ties never fail the certificate (keys are compared in
+    full); only rounding merges can (tests build such drafts).
+Selection: one topk by weight; when the best weights are all distinct that is key order.
+When weights tie, the entries at or above the boundary weight are ordered by an exact
+integer key (start of their run of equal weights, lexicographic key). Keys inside a depth
+use the per-depth lexicographic position of the parent's rank tuple; keys across depths use
+the preorder index of the kept-node trie (= lexicographic order of rank tuples with
+prefixes first); both are only computed when weights tie.
+
+On CPU the builder reads small values back (free there) to shrink each depth to the parents
+and ranks that can reach the floor, to stop early and to skip tie work when nothing ties. On
+an accelerator it runs the same code with fixed shapes and no host reads except the one for
+the certificate (``_host_reads``); the outputs are identical either way.
 """
 
 from __future__ import annotations
@@ -154,10 +173,38 @@ def _build_torch(
 ) -> DDTreeBatch:
     """The tensor-op builder: pruned selection, certified; unpruned fallback if needed."""
     lp = log_probs.detach().to(torch.float64)
+    if lp.shape[0] == 1 and _host_reads(lp.device):
+        return _build_single(lp, token_ids, budget, root_tokens)
     result, certified = _select_trees(lp, token_ids, budget, root_tokens, prune=True)
     if not bool(certified):  # rare: a float64 rounding merge defeated the pair pruning
         result, _ = _select_trees(lp, token_ids, budget, root_tokens, prune=False)
     return result
+
+
+def _build_single(
+    lp: torch.Tensor, token_ids: torch.Tensor, budget: int, root_tokens: Optional[torch.Tensor]
+) -> DDTreeBatch:
+    """One request on CPU: the heap loop itself (the reference), padded into a DDTreeBatch.
+
+    With nothing to batch, ~100 tensor ops of a few microseconds each cost more than the
+    heap's ``budget`` pops; the heap forms the same float64 sums, so the result is the same.
+    """
+    from sglang.srt.speculative.ddtree_tree import build_ddtree_tree_from_topk
+
+    tree = build_ddtree_tree_from_topk(lp[0], token_ids[0], budget, validate=False)
+    real = tree.tokens.numel()
+    root = root_tokens.to(torch.int64)[:, None] if root_tokens is not None else torch.full((1, 1), -1)
+    return _padded_batch(
+        1,
+        budget,
+        real,
+        lp.device,
+        tokens=(root, tree.tokens[None], -1),
+        depths=(0, tree.depths[None], -1),
+        parents=(-1, tree.parents[None, 1:], -1),
+        ranks=(-1, tree.ranks[None], -1),
+        node_logws=(0.0, tree.node_logws[None], float("-inf")),
+    )
 
 
 def _host_reads(device: torch.device) -> bool:
