@@ -46,14 +46,17 @@ def _draft(bs: int, depth: int, k: int, seed: int, scale: float = 2.5):
     return top.values, top.indices
 
 
-def _median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up (allocator, lru caches)
-    times = []
+def _median_pair(fa, fb, repeats: int) -> tuple[float, float]:
+    """Median times of fa and fb, run alternately: on a shared machine both see the same load,
+    so their ratio is steadier than either time."""
+    fa(), fb()  # warm-up (allocator, lru caches)
+    ta, tb = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, times in ((fa, ta), (fb, tb)):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return statistics.median(ta), statistics.median(tb)
 
 
 def main() -> None:
@@ -90,8 +93,7 @@ def _table(heap_build, batched_build, depth: int, scale: float, repeats: int) ->
             def batched() -> None:
                 batched_build(lp, ids, budget, validate=False)
 
-            t_heap = _median_seconds(heap, repeats)
-            t_batched = _median_seconds(batched, repeats)
+            t_heap, t_batched = _median_pair(heap, batched, repeats)
             deepest = int(batched_build(lp, ids, budget, validate=False).depths.max())
             print(f"{bs:>4} {budget:>6} {t_heap * 1e3:>14.2f} {t_batched * 1e3:>17.2f} {t_heap / t_batched:>12.2f}x"
                   f" {deepest:>6}")

@@ -219,6 +219,8 @@ def test_large_batch_shortcuts_agree_with_heap(monkeypatch) -> None:
     monkeypatch.setattr(ddtree_batched, "_NARROW_MIN_SCORES", 0)
     gen = torch.Generator().manual_seed(2468)
     for trial in range(60):
+        if trial == 30:  # the two-sort tie-break that replaces the integer key near int64 overflow
+            monkeypatch.setattr(ddtree_batched, "_KEY_LIMIT", 0)
         depth = int(torch.randint(1, 6, (1,), generator=gen))
         k = int(torch.randint(1, 7, (1,), generator=gen))
         budget = int(torch.randint(0, 50, (1,), generator=gen))
@@ -240,7 +242,8 @@ def test_single_request_path_equals_tensor_path() -> None:
         lp, ids = _random_drafts(gen, 1, depth, k, trial % 5)
         root = torch.tensor([5], dtype=torch.int32) if trial % 2 else None
         single = build_ddtree_batched(lp.to(torch.float32), ids.to(torch.int32), budget, root_tokens=root)
-        tensor, _ = ddtree_batched._select_trees(lp.to(torch.float32).to(torch.float64), ids.to(torch.int32), budget, root, prune=False)
+        lp64 = lp.to(torch.float32).to(torch.float64)
+        tensor, _ = ddtree_batched._select_trees(lp64, ids.to(torch.int32), budget, root, prune=False)
         for name in ("tokens", "depths", "parents", "ranks", "node_logws", "num_nodes"):
             got, want = getattr(single, name), getattr(tensor, name)
             assert got.dtype == want.dtype and got.shape == want.shape, name

@@ -467,6 +467,9 @@ def _pairs_above_floor(
     return dataclasses.replace(pairs, slots=slots, ranks=ranks, widths=widths)
 
 
+_KEY_LIMIT = 2**62  # exclusive bound of the integer tie-break keys (int64)
+
+
 def _select_by_key(weight: torch.Tensor, lexkey, keep: int, lex_range: int, dynamic: bool):
     """The ``keep`` smallest keys (-weight, lexkey) per row, in key order: (indices, weights).
 
@@ -488,7 +491,7 @@ def _select_by_key(weight: torch.Tensor, lexkey, keep: int, lex_range: int, dyna
     if tied > top.values.shape[1]:
         top = torch.topk(weight, tied, dim=1)
     values, idx = top.values[:, :tied], top.indices[:, :tied]
-    if (tied + 1) * lex_range >= 2**62:  # the integer key would overflow: two stable sorts instead
+    if (tied + 1) * lex_range >= _KEY_LIMIT:  # the integer key would overflow: two stable sorts instead
         order = _sort_by_key(values, lexkey(idx))[:, :keep]
         return idx.gather(1, order), values.gather(1, order)
     ids = torch.arange(tied, device=weight.device).expand_as(idx)
