@@ -213,9 +213,8 @@ def test_fixed_shape_and_host_read_paths_agree_with_heap(monkeypatch, host_reads
 
 
 def test_large_batch_shortcuts_agree_with_heap(monkeypatch) -> None:
-    """The chain floor and the floor-narrowed pairs (on by size only: large batches) on every
-    draft mode, switched on here for small ones."""
-    monkeypatch.setattr(ddtree_batched, "_SEED_MIN_NODES", 0)
+    """The floor-narrowed pairs (on by size only: large batches) on every draft mode,
+    switched on here for small ones."""
     monkeypatch.setattr(ddtree_batched, "_NARROW_MIN_SCORES", 0)
     gen = torch.Generator().manual_seed(2468)
     for trial in range(60):

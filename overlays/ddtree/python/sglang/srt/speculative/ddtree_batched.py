@@ -26,9 +26,8 @@ its previous sibling's, so the heap pops nodes in global key order and the tree 
 of the nodes kept at depth d - 1, where a child's weight is parent weight + lp[d - 1, j].
 
 Pruning, three kinds:
-  * the floor (exact, no counting argument): the B-th best weight among B distinct real
-    nodes (those kept so far, or the nodes one rank off the rank-0 chain). A node strictly
-    below it has B nodes with smaller keys, and so do its descendants (rounding is monotone
+  * the floor (exact, no counting argument): the B-th best weight among the nodes kept so
+    far (B distinct real nodes). A node strictly below it has B nodes with smaller keys, and so do its descendants (rounding is monotone
     and log-probs are <= 0, so a child never outweighs its parent). Candidates below the
     floor are dropped; parents below it get no children; the loop stops at the first depth
     where no row has a candidate left.
@@ -227,13 +226,11 @@ def _select_trees(
     dynamic = _host_reads(device)
     levels = [_root_level(bs, device)]
     risky: list[torch.Tensor] = []  # per depth: heaviest pruned pair not cleared (_risky_pruned)
-    seed = None
     if budget > 0:
         levels.append(_first_level(lp[:, 0, :], budget))
         best = levels[1].weight
-        seed = _chain_floor(lp, budget) if dynamic and bs * budget >= _SEED_MIN_NODES else None
         for d in range(2, depth + 1):
-            floor = _higher_floor(_pool_floor(best, budget), seed)
+            floor = _pool_floor(best, budget)
             sizes = _active_sizes(levels[-1], lp[:, d - 1, :], floor, budget, dynamic)
             if sizes is None:
                 break  # no row has a node left that can reach the tree
@@ -249,42 +246,11 @@ def _select_trees(
     if not risky:
         return batch, torch.ones((), dtype=torch.bool, device=device)
     # A pruned pair below the final floor has ``budget`` kept nodes ahead of it: harmless.
-    final_floor = _higher_floor(_pool_floor(best, budget), seed)
+    final_floor = _pool_floor(best, budget)
     heaviest = torch.cat(risky, dim=1).amax(1, keepdim=True)
     if final_floor is None:
         return batch, ~(heaviest > float("-inf")).any()
     return batch, ~((heaviest > float("-inf")) & (heaviest >= final_floor)).any()
-
-
-# The chain floor costs ~2 L small ops and one topk over L * min(K, budget) weights per row;
-# it pays off (fewer candidates at the first depths) from about this many nodes per batch.
-_SEED_MIN_NODES = 2048
-
-
-def _chain_floor(lp: torch.Tensor, budget: int) -> Optional[torch.Tensor]:
-    """[bs, 1] budget-th best weight among the nodes one rank off the rank-0 chain.
-
-    Those nodes, (0, ..., 0, j) at every depth, are distinct real nodes, so like the kept
-    pool they give a valid floor (see ``_pool_floor``); on peaked drafts it is far higher
-    than the first depths' pool floor. Weights follow the float rule, root to leaf.
-    """
-    bs, depth, k = lp.shape
-    n = min(k, budget)
-    if depth * n < budget:
-        return None
-    chain = torch.zeros((bs, 1), dtype=lp.dtype, device=lp.device)
-    rows = []
-    for d in range(depth):
-        rows.append(chain + lp[:, d, :n])  # float rule: chain weight + lp
-        chain = rows[-1][:, :1]
-    return torch.topk(torch.cat(rows, dim=1), budget, dim=1).values[:, budget - 1 :]
-
-
-def _higher_floor(pool: Optional[torch.Tensor], seed: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """The larger of two valid floors (either may be missing)."""
-    if pool is None or seed is None:
-        return seed if pool is None else pool
-    return torch.maximum(pool, seed)
 
 
 def _root_level(bs: int, device: torch.device) -> _Level:
