@@ -227,7 +227,15 @@ def silent_server():
     srv.bind(("127.0.0.1", 0))
     srv.listen(4)
     held = []
-    threading.Thread(target=lambda: [held.append(srv.accept()) for _ in range(4)], daemon=True).start()
+
+    def accept_silently():
+        try:
+            while True:
+                held.append(srv.accept())
+        except OSError:  # the fixture closed the server
+            pass
+
+    threading.Thread(target=accept_silently, daemon=True).start()
     yield srv.getsockname()[1]
     srv.close()
     for conn, _ in held:
