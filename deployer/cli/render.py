@@ -28,7 +28,7 @@ def _hosts(app: AppContext, hosts: tuple[str, ...], group: str | None):
 @_set_option
 @click.option("--output", "-o", "out_dir", type=click.Path(file_okay=False), help="Write script + env files here.")
 @click.option("--explain", is_flag=True, help="Show every value and where it came from, instead of the script.")
-@click.option("--all", "render_every", is_flag=True, help="Render every valid (host, topology) pair (needs -o).")
+@click.option("--all", "render_every", is_flag=True, help="Render every valid (host, topology) pair (to stdout, or into -o DIR).")
 @click.pass_obj
 def render(app: AppContext, hosts, group, topology, sets, out_dir, explain, render_every) -> None:
     """Render the SGLang launch script(s) for a host and topology."""
