@@ -261,6 +261,7 @@ def test_missing_identity_file_is_named(tmp_path, cli, silent_server):
 @pytest.mark.parametrize("reply, expect", [
     ("{not json", "replied with something that is not a JSON object: '{not json'"),
     ('{"ok": false, "error": "str"}', "unknown agent error"),
+    ('{"ok": true}', "replied without 'entries'"),
 ])
 def test_host_python_replying_junk(tmp_path, cli, reply, expect):
     fake = tmp_path / "python"

@@ -32,6 +32,18 @@ def error_for(kind: str, message: str, host: str) -> errors.DeployError:
     return cls(message, host=host)
 
 
+class AgentReply(dict):
+    """The agent's result; a missing field (a foreign or broken agent) is one clear error, not a KeyError."""
+
+    def __init__(self, data: dict[str, Any], host: Host):
+        super().__init__(data)
+        self._host = host
+
+    def __missing__(self, key: str) -> Any:
+        raise errors.RemoteCommandError(f"the ddeploy agent ({self._host.python}) replied without {key!r}; "
+                                        f"check `python` in the inventory", host=self._host.name)
+
+
 def _parse_reply(line: str, host: Host) -> dict[str, Any]:
     """The agent's last JSON line; anything else (a hostile or broken python) is one clear error."""
     try:
@@ -41,7 +53,7 @@ def _parse_reply(line: str, host: Host) -> dict[str, Any]:
     if not isinstance(result, dict):
         raise errors.RemoteCommandError(f"the ddeploy agent ({host.python}) replied with something that is not a "
                                         f"JSON object: {line[:80]!r}; check `python` in the inventory", host=host.name)
-    return result
+    return AgentReply(result, host)
 
 
 def call_agent(conn: Connection, host: Host, op: str, request: dict[str, Any], *,
