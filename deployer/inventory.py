@@ -144,7 +144,8 @@ def local_host() -> Host:
     return Host(name="local", connection="local",
                 gpu=GPUSpec(model="local", count=1, arch=os.environ.get("DDEPLOY_LOCAL_ARCH", "sm_120")),
                 interconnect="pcie", checkout=str(checkout), python=sys.executable,
-                env={"PYTHONPATH": str(checkout / "python")}, groups=("local",))
+                env={"PYTHONPATH": str(checkout / "python"), "DDEPLOY_JIT_CACHE_ROOT": str(cache_dir() / "jit")},
+                groups=("local",))
 
 
 def _format_validation(err: ValidationError) -> str:
