@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from sglang.srt.speculative.ddtree_batched import build_ddtree_batched
+from sglang.srt.speculative.ddtree_tree import build_ddtree_tree_from_topk
 from sglang.srt.speculative.ddtree_retrieve import (
     compile_ddtree_retrieve,
     ddtree_ancestor_mask,
@@ -180,3 +181,29 @@ def test_single_tree_masks() -> None:
 def test_retrieve_and_mask_reject_bad_inputs(call, match) -> None:
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_retrieve_accepts_a_heap_result_and_pads_it_to_the_budget():
+    log_probs = torch.log(torch.tensor([[0.7, 0.3], [0.6, 0.4], [0.8, 0.2]]))
+    ids = torch.tensor([[10, 11], [20, 21], [30, 31]])
+    tree = build_ddtree_tree_from_topk(log_probs, ids, 5)
+    got = compile_ddtree_retrieve(tree)
+    assert got.retrieve_next_token.tolist() == [1, 2, 3, -1, -1, -1]
+    assert got.retrieve_next_sibling.tolist() == [-1, 4, 5, -1, -1, -1]
+    small = build_ddtree_tree_from_topk(log_probs[:1], ids[:1], 5)  # only 2 nodes exist
+    padded = compile_ddtree_retrieve(small, budget=5)
+    assert padded.retrieve_index.tolist() == [0, 1, 2, 3, 4, 5]
+    assert padded.retrieve_next_token.tolist() == [1, -1, -1, -1, -1, -1]
+    assert padded.retrieve_next_sibling.tolist() == [-1, 2, -1, -1, -1, -1]
+    with pytest.raises(ValueError, match="budget"):
+        compile_ddtree_retrieve(tree, budget=2)
+
+
+def test_retrieve_accepts_a_batched_tree():
+    gen = torch.Generator().manual_seed(3)
+    top = torch.log_softmax(torch.randn(4, 3, 30, generator=gen), -1).topk(4, dim=-1)
+    batch = build_ddtree_batched(top.values, top.indices, 9)
+    direct = compile_ddtree_retrieve(batch.parents, batch.node_logws)
+    via_tree = compile_ddtree_retrieve(batch)
+    for name in ("retrieve_index", "retrieve_next_token", "retrieve_next_sibling"):
+        assert torch.equal(getattr(direct, name), getattr(via_tree, name)), name

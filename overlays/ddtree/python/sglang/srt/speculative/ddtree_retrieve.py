@@ -21,7 +21,7 @@ Single trees: pass parents of shape [N]; retrieve arrays come back [N], the tree
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional, Union
 
 import torch
 
@@ -46,16 +46,22 @@ def _as_batch(parents: torch.Tensor) -> torch.Tensor:
 
 
 def compile_ddtree_retrieve(
-    parents: torch.Tensor, node_logws: Optional[torch.Tensor] = None, validate: bool = True
+    parents: Union[torch.Tensor, Any],
+    node_logws: Optional[torch.Tensor] = None,
+    validate: bool = True,
+    budget: Optional[int] = None,
 ) -> DDTreeRetrieve:
     """Retrieve arrays from parent pointers.
 
     parents:    int64 [bs, N] or [N] (a single tree: the arrays come back [N]); root -1,
-                node i's parent < i, padding -1.
+                node i's parent < i, padding -1. A built tree (``DDTreeBuildResult`` or
+                ``DDTreeBatch``) may be passed instead; its parents and weights are used.
     node_logws: optional float [bs, N] or [N] path log-weights; orders siblings by weight
                 descending (ties by slot). Without it siblings follow slot order, which is
                 the same order for trees from the DDTree builders.
+    budget:     pad a single tree to N = budget + 1 slots (a heap result has only its nodes).
     """
+    parents, node_logws = _tree_arrays(parents, node_logws, budget)
     single = isinstance(parents, torch.Tensor) and parents.dim() == 1
     parents = _as_batch(parents)
     check_tree_tensors(parents)
@@ -86,6 +92,28 @@ def compile_ddtree_retrieve(
     if single:
         return DDTreeRetrieve(*(t[0] for t in (result.retrieve_index, result.retrieve_next_token, result.retrieve_next_sibling)))
     return result
+
+
+def _tree_arrays(
+    tree: Union[torch.Tensor, Any], node_logws: Optional[torch.Tensor], budget: Optional[int]
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(parents, node_logws) from tensors or a built tree, padded to budget + 1 slots if asked."""
+    parents = tree
+    if not isinstance(tree, torch.Tensor) and hasattr(tree, "parents"):
+        parents = tree.parents
+        if node_logws is None and getattr(tree, "node_logws", None) is not None:
+            node_logws = tree.node_logws
+            if node_logws.shape[-1] == parents.shape[-1] - 1:  # a heap result omits the root's 0.0
+                root = torch.zeros(node_logws.shape[:-1] + (1,), dtype=node_logws.dtype, device=node_logws.device)
+                node_logws = torch.cat([root, node_logws], dim=-1)
+    if budget is not None and isinstance(parents, torch.Tensor):
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget + 1 < parents.shape[-1]:
+            raise ValueError(f"expected budget >= {parents.shape[-1] - 1} (the tree's nodes), got {budget}")
+        pad = budget + 1 - parents.shape[-1]
+        parents = torch.nn.functional.pad(parents, (0, pad), value=-1)
+        if node_logws is not None:
+            node_logws = torch.nn.functional.pad(node_logws.to(torch.float64), (0, pad), value=float("-inf"))
+    return parents, node_logws
 
 
 def _sibling_order(parents: torch.Tensor, node_logws: Optional[torch.Tensor]) -> torch.Tensor:
