@@ -9,13 +9,13 @@ import click
 
 from ..build import BuildOptions, build_host
 from ..errors import UsageError
-from ..fleet import raise_if_failed, run_fleet
+from ..fleet import run_fleet
 from ..inventory import local_host
-from ..output import emit_json, table
+from ..output import table
 from ..patchset import load_patch_set
 from ..remote_test import TestOptions, result_rows, test_host, test_local
 from . import cli
-from .remote import _fleet, _hosts, host_selection
+from .remote import _fleet, _hosts, finish, host_selection
 
 
 @cli.command()
@@ -46,9 +46,10 @@ def test_cmd(ctx, names, groups, all_hosts, parallel, fail_fast, as_json, accept
     results = (run_fleet(_hosts(ctx, names, groups, all_hosts), lambda h, say: test_host(h, opts, say),
                          parallel=parallel, fail_fast=fail_fast)
                if remote else run_fleet([local_host()], lambda h, say: test_local(opts, say)))
+    finish(results, as_json, results_table)
+
+
+def results_table(results) -> None:
     click.echo(table(result_rows(results), ["host", "result", "passed", "failed", "skipped", "errors", "duration"]),
                err=True)
-    if as_json:
-        emit_json([r.to_json() for r in results])
-    raise_if_failed(results)
 

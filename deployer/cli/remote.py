@@ -8,12 +8,13 @@ and with --json one result per host on stdout. Exit status is non-zero when any 
 from __future__ import annotations
 
 import sys
+from typing import Callable
 
 import click
 
 from .. import engine
 from ..errors import ConnectError, UsageError
-from ..fleet import HostResult, run_fleet, raise_if_failed, summary_table
+from ..fleet import HostResult, raise_if_failed, run_fleet, summary_table
 from ..output import emit_json, say, table
 from ..patchset import load_patch_set
 from . import cli
@@ -47,13 +48,21 @@ def _options(accept_new_host_keys: bool, **kw) -> engine.Options:
     return engine.Options(accept_new_host_keys=accept_new_host_keys, command=" ".join(["ddeploy", *sys.argv[1:]]), **kw)
 
 
-def _fleet(ctx, names, groups, all_hosts, parallel, fail_fast, as_json, op) -> list[HostResult]:
+def _fleet(ctx, names, groups, all_hosts, parallel, fail_fast, as_json, op,
+           report=lambda results: click.echo(summary_table(results), err=True)) -> list[HostResult]:
+    """Run op on the selected hosts, then finish (report, --json, exit status)."""
     results = run_fleet(_hosts(ctx, names, groups, all_hosts), op, parallel=parallel, fail_fast=fail_fast)
-    click.echo(summary_table(results), err=True)
+    finish(results, as_json, report)
+    return results
+
+
+def finish(results: list[HostResult], as_json: bool, report: Callable[[list[HostResult]], None]) -> None:
+    """The end of every fleet command: report on stderr, one result per host as JSON on stdout with
+    --json, non-zero exit when any host failed."""
+    report(results)
     if as_json:
         emit_json([r.to_json() for r in results])
     raise_if_failed(results)
-    return results
 
 
 def _push_args(fn):
@@ -102,12 +111,8 @@ def plan(ctx, names, groups, all_hosts, parallel, fail_fast, as_json, accept_new
 def status(ctx, names, groups, all_hosts, parallel, fail_fast, as_json, accept_new_host_keys):
     """Per host: reachable, applied version, drift, lock holder, kernel builds, last remote test."""
     opts = _options(accept_new_host_keys)
-    results = run_fleet(_hosts(ctx, names, groups, all_hosts), lambda h, say: engine.status_host(h, opts, say),
-                        parallel=parallel, fail_fast=fail_fast)
-    click.echo(status_table(results), err=True)
-    if as_json:
-        emit_json([r.to_json() for r in results])
-    raise_if_failed(results)
+    _fleet(ctx, names, groups, all_hosts, parallel, fail_fast, as_json, lambda h, say: engine.status_host(h, opts, say),
+           report=lambda results: click.echo(status_table(results), err=True))
 
 
 def status_table(results: list[HostResult]) -> str:
@@ -140,15 +145,15 @@ def rollback(ctx, names, groups, all_hosts, parallel, fail_fast, as_json, accept
 def log(ctx, names, groups, all_hosts, parallel, fail_fast, as_json, accept_new_host_keys):
     """History of what was applied and rolled back (newest first)."""
     opts = _options(accept_new_host_keys)
-    results = run_fleet(_hosts(ctx, names, groups, all_hosts), lambda h, say: engine.log_host(h, opts, say),
-                        parallel=parallel, fail_fast=fail_fast)
+    _fleet(ctx, names, groups, all_hosts, parallel, fail_fast, as_json, lambda h, say: engine.log_host(h, opts, say),
+           report=history_tables)
+
+
+def history_tables(results: list[HostResult]) -> None:
     for r in results:
         if r.ok:
             rows = [[e["date"], e["commit"][:12], e["message"]] for e in r.data["entries"]]
             say(f"history of {r.host}:\n" + (table(rows, ["date", "record", "what"]) if rows else "(nothing yet)"))
-    if as_json:
-        emit_json([r.to_json() for r in results])
-    raise_if_failed(results)
 
 
 @cli.group()
@@ -161,8 +166,9 @@ def lock() -> None:
 @click.pass_context
 def lock_status(ctx, names, groups, all_hosts, parallel, fail_fast, as_json, accept_new_host_keys):
     """Who holds each host's lock, and for how long."""
+    opts = _options(accept_new_host_keys)
     _fleet(ctx, names, groups, all_hosts, parallel, fail_fast, as_json,
-           lambda h, say: engine.lock_status_host(h, _options(accept_new_host_keys), say))
+           lambda h, say: engine.lock_status_host(h, opts, say))
 
 
 @lock.command("release")
@@ -175,8 +181,9 @@ def lock_release(ctx, names, groups, all_hosts, parallel, fail_fast, as_json, ac
     if not yes:
         click.confirm(f"Release the deploy lock on {', '.join(h.name for h in hosts)}? Only do this when no "
                       f"deploy is running there", abort=True, err=True)
+    opts = _options(accept_new_host_keys)
     _fleet(ctx, names, groups, all_hosts, parallel, fail_fast, as_json,
-           lambda h, say: engine.lock_release_host(h, _options(accept_new_host_keys), say))
+           lambda h, say: engine.lock_release_host(h, opts, say))
 
 
 @cli.command()
