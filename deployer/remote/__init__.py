@@ -6,6 +6,7 @@ nothing has to be installed on a host and client and agent can never be out of s
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any, Callable
@@ -18,6 +19,7 @@ AGENT_PATH = Path(__file__).with_name("agent.py")
 MAX_SOURCE = 100_000  # one argv word may be at most 128 KiB on Linux
 
 
+@functools.cache  # read once per process, not once per agent call on every host
 def agent_source() -> str:
     src = AGENT_PATH.read_text()
     assert len(src) < MAX_SOURCE, "agent.py grew past what fits in one argv word"
