@@ -26,7 +26,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from .connection import Connection, open_connection
+from .connection import Connection, last_line, open_connection
 from .engine import Outcome
 from .errors import BuildError
 from .inventory import Host
@@ -102,8 +102,7 @@ def probe_gpus(conn: Connection) -> list[tuple[str, tuple[int, int]]] | None:
     if res.rc == 127:  # the shell (or env) found no nvidia-smi
         return None
     if res.rc != 0:
-        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BuildError(f"nvidia-smi failed (exit {res.rc}): {last}", host=conn.name)
+        raise BuildError(f"nvidia-smi failed (exit {res.rc}): {last_line(res.stderr)}", host=conn.name)
     return parse_nvidia_smi(res.stdout)
 
 
@@ -209,7 +208,7 @@ def check_python_imports_checkout(conn: Connection, host: Host) -> None:
     got = res.stdout.strip()
     if res.rc != 0:
         raise BuildError(f"cannot run the host python {host.python} (from {host.source}): "
-                         f"{(res.stderr.strip().splitlines() or ['exit ' + str(res.rc)])[-1]}", host=host.name)
+                         f"{last_line(res.stderr, default=f'exit {res.rc}')}", host=host.name)
     if not got:
         raise BuildError(f"{host.python} cannot import sglang; install the checkout into it "
                          f"(pip install -e {host.checkout}/python)", host=host.name)
@@ -279,7 +278,7 @@ def run_prebuild(conn: Connection, host: Host, plan: BuildPlan, say: Say) -> dic
     if res.rc != 0 or not isinstance(summary, dict):
         failed = [m for m in (summary or {}).get("modules", []) if m.get("status") == "failed"]
         detail = (f"{failed[0]['module']}: {failed[0].get('reason', '')[-300:]}" if failed else
-                  (res.stderr.strip().splitlines() or ["no output"])[-1])
+                  last_line(res.stderr))
         raise BuildError(f"kernel build for {plan.arch} failed (exit {res.rc}): {detail}", host=host.name)
     return summary
 

@@ -85,9 +85,18 @@ def _env_prefix(env: dict[str, str] | None) -> list[str]:
     return ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
 
 
+def last_line(*texts: str, default: str = "no output") -> str:
+    """The last line of the first text that has one (stderr, then stdout): the gist of a failure."""
+    for text in texts:
+        lines = text.strip().splitlines()
+        if lines:
+            return lines[-1]
+    return default
+
+
 def _check(host: str, argv: list[str], res: RunResult, check: bool) -> RunResult:
     if check and res.rc != 0:
-        last = (res.stderr.strip().splitlines() or res.stdout.strip().splitlines() or ["no output"])[-1]
+        last = last_line(res.stderr, res.stdout)
         raise RemoteCommandError(f"`{argv[0]} {' '.join(argv[1:3])}...` exited {res.rc}: {last}", host=host)
     return res
 
@@ -151,7 +160,7 @@ class Connection:
             argv += ["-s", "-e", quote_argv(ssh_cmd)]
         proc = subprocess.run([*argv, "--", src, dst], capture_output=True, text=True)
         if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            last = last_line(proc.stderr)
             err = ConnectError if proc.returncode == 255 else RemoteCommandError
             raise err(f"rsync {src} -> {dst} failed (exit {proc.returncode}): {last}", host=self.name)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import errors
-from ..connection import Connection
+from ..connection import Connection, last_line
 from ..inventory import Host
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
@@ -68,8 +68,8 @@ def call_agent(conn: Connection, host: Host, op: str, request: dict[str, Any], *
                    stream=stream, timeout=timeout)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
     if res.rc != 0 or not lines:
-        last = (res.stderr.strip().splitlines() or ["no output"])[-1]
-        raise errors.RemoteCommandError(f"the ddeploy agent ({host.python}) failed with exit {res.rc}: {last}; "
+        raise errors.RemoteCommandError(f"the ddeploy agent ({host.python}) failed with exit {res.rc}: "
+                                        f"{last_line(res.stderr)}; "
                                         f"check `python` in the inventory (Python >= 3.8 needed)", host=host.name)
     result = _parse_reply(lines[-1], host)
     if not result.get("ok"):
