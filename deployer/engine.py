@@ -11,6 +11,7 @@ import base64
 import getpass
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -209,8 +210,6 @@ def lock_release_host(host: Host, opts: Options, say: Say) -> Outcome:
 def describe_lock(lock: dict[str, Any] | None) -> str:
     if lock is None:
         return "free"
-    import time
-
     age = time.time() - float(lock.get("time", time.time()))
     stale = " (stale: that process is gone)" if lock.get("alive") is False else ""
     return (f"held by {lock.get('by', '?')} pid {lock.get('pid', '?')} running `{lock.get('command', '?')}` "
