@@ -27,5 +27,10 @@ def overlay_dir(name: str = PATCH_SET_NAME) -> Path:
     return OVERLAYS_DIR / name
 
 
+def active_overlay_dir() -> Path:
+    """The overlay commands work on: $DDEPLOY_OVERLAY_DIR, else the project's overlays/ddtree."""
+    return Path(os.environ.get("DDEPLOY_OVERLAY_DIR") or overlay_dir())
+
+
 def patch_set_root(name: str = PATCH_SET_NAME) -> Path:
     return PATCHES_DIR / name

@@ -10,7 +10,6 @@ A host whose tests fail, or whose pytest cannot run, is that host's failure; the
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -23,7 +22,7 @@ from .engine import Outcome
 from .errors import DeployError, OverlayTestsFailed, StateError
 from .inventory import Host, local_host
 from .patchset import PatchSet
-from .paths import cache_dir, overlay_dir
+from .paths import active_overlay_dir, cache_dir
 from .state import read_state, update_state
 
 Say = Callable[[str], None]
@@ -151,7 +150,7 @@ def test_host(host: Host, opts: TestOptions, say: Say) -> Outcome:
 
 def test_local(opts: TestOptions, say: Say) -> Outcome:
     """The same suite on this machine, against the overlay ($DDEPLOY_OVERLAY_DIR or overlays/ddtree)."""
-    overlay = Path(os.environ.get("DDEPLOY_OVERLAY_DIR") or overlay_dir())
+    overlay = active_overlay_dir()
     conn = LocalConnection(local_host())
     stamp = _stamp()
     local = opts.reports / "local" / f"{stamp}.xml"

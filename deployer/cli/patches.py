@@ -7,7 +7,6 @@ $DDEPLOY_OVERLAY_DIR (default: the project's overlays/ddtree).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -16,7 +15,7 @@ from ..base import fetch_base
 from ..errors import ConflictError, OverlayTestsFailed, PatchSetError
 from ..export import export_patch_set
 from ..output import emit_json, say, table
-from ..paths import overlay_dir
+from ..paths import active_overlay_dir
 from ..patchset import PatchSet, list_versions, load_patch_set, sets_root
 from ..setdiff import UNCHANGED, diff_sets
 from ..verify import VerifyReport, verify_patch_set
@@ -24,7 +23,7 @@ from . import cli
 
 
 def _overlay(path: str | None) -> Path:
-    return Path(path or os.environ.get("DDEPLOY_OVERLAY_DIR") or overlay_dir())
+    return Path(path) if path else active_overlay_dir()
 
 
 def _set_json(ps: PatchSet) -> dict:
