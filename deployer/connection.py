@@ -451,8 +451,11 @@ def _known_hosts_path(ssh_config: dict) -> Path:
     return Path(first or "~/.ssh/known_hosts").expanduser()
 
 
-def open_connection(host: Host, *, accept_new_host_keys: bool = False, timeouts: Timeouts = Timeouts()) -> Connection:
-    """Connect to a host (raises ConnectError); use as a context manager to close it."""
+def open_connection(host: Host, *, accept_new_host_keys: bool = False, timeouts: Timeouts | None = None) -> Connection:
+    """Connect to a host (raises ConnectError); use as a context manager to close it.
+
+    Timeouts default to the DDEPLOY_*_TIMEOUT settings, so every command honours them."""
+    timeouts = timeouts or Timeouts.from_env()
     if host.is_local:
         return LocalConnection(host, timeouts)
     return SSHConnection(host, accept_new_host_keys=accept_new_host_keys, timeouts=timeouts)
