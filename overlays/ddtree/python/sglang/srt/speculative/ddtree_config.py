@@ -1,0 +1,181 @@
+"""DDTree serving configuration for SGLang's DFlash worker.
+
+Three checkpoints, each with one clear error per unsupported setting:
+  * ``resolve_ddtree_server_args``: at server-argument resolution (the
+    ``_handle_dflash`` hook). The draft keeps its block size (L = block_size - 1
+    draft depths); the verify width W = max(budget + 1, block_size) becomes
+    ``speculative_num_draft_tokens``, so KV reservation, CUDA-graph widths and
+    verify buffers are sized to W.
+  * ``DDTreeConfig.for_worker`` + ``check_ddtree_worker``: when the DFlash
+    worker starts and knows the target (vocabulary, attention backend, model
+    family) and the draft (its proposal head).
+  * ``ddtree_request_error``: per request, for features the tree verify does
+    not serve; the scheduler aborts that request and keeps serving the others.
+
+Why W can exceed budget + 1: the draft block writes block_size KV slots from
+the prefix on, and those slots must lie inside the verify window the scheduler
+reserves. A budget below the draft depth therefore gets padding slots that are
+never accepted (see ``ddtree_step``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from sglang.srt.speculative.ddtree_utils import resolve_tree_topk
+
+# Target attention backends that apply a custom mask in TARGET_VERIFY. The
+# tree verify needs one: rows see the prefix, their ancestors and themselves.
+DDTREE_MASK_BACKENDS = frozenset({"TritonAttnBackend", "FlashInferAttnBackend"})
+# For MLA targets (Kimi K2.x, DeepSeek) only the triton backend does.
+DDTREE_MLA_MASK_BACKENDS = frozenset({"TritonAttnBackend"})
+
+
+def ddtree_verify_width(budget: int, block_size: int) -> int:
+    """Verify slots per request: the tree's budget + 1, at least the draft block."""
+    return max(int(budget) + 1, int(block_size))
+
+
+def resolve_ddtree_server_args(cfg: Any) -> dict[str, int]:
+    """Field declarations for a DDTree server, or ValueError naming the flag.
+
+    ``cfg`` is the resolving server-args view after DFlash resolved its block
+    size into ``speculative_num_draft_tokens``. Returns the draft block size
+    (``speculative_dflash_block_size``) and the verify width
+    (``speculative_num_draft_tokens``).
+    """
+    budget = cfg.speculative_dflash_tree_budget
+    if budget is None:
+        if cfg.speculative_dflash_tree_topk is not None:
+            raise ValueError(
+                "--speculative-dflash-tree-topk requires "
+                "--speculative-dflash-tree-budget (DDTree is off without a budget)."
+            )
+        return {}
+    _check_positive("--speculative-dflash-tree-budget", budget)
+    if cfg.speculative_dflash_tree_topk is not None:
+        _check_positive("--speculative-dflash-tree-topk", cfg.speculative_dflash_tree_topk)
+    if cfg.speculative_draft_window_size is not None:
+        raise ValueError(
+            "DDTree does not support --speculative-draft-window-size yet (the "
+            "compact draft cache rebuild assumes a linear verify window)."
+        )
+    if cfg.speculative_use_block_verification:
+        raise ValueError(
+            "DDTree does not support --speculative-use-block-verification (it "
+            "verifies a tree, not a block)."
+        )
+    block_size = int(cfg.speculative_num_draft_tokens)
+    if block_size < 2:
+        raise ValueError(
+            f"DDTree needs a DFlash block size >= 2 (one draft depth), got {block_size}."
+        )
+    return {
+        "speculative_dflash_block_size": block_size,
+        "speculative_num_draft_tokens": ddtree_verify_width(budget, block_size),
+    }
+
+
+def _check_positive(flag: str, value: Any) -> None:
+    if int(value) <= 0:
+        raise ValueError(f"DDTree requires {flag} to be positive, got {value}.")
+
+
+@dataclass(frozen=True)
+class DDTreeConfig:
+    """What one DDTree decode step needs to know.
+
+    budget:       draft nodes per request, root excluded (B).
+    topk:         draft candidates per depth (K <= vocab).
+    block_size:   DFlash draft block; depths L = block_size - 1.
+    verify_width: W = max(B + 1, block_size) verify slots per request.
+    """
+
+    budget: int
+    topk: int
+    block_size: int
+    verify_width: int
+
+    @property
+    def depth(self) -> int:
+        return self.block_size - 1
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """accept_index width: the root plus up to L accepted draft tokens."""
+        return self.block_size
+
+    @classmethod
+    def for_worker(cls, spec: Any, vocab_size: int) -> Optional["DDTreeConfig"]:
+        """The config from the resolved spec bag, or None when DDTree is off."""
+        budget = spec.speculative_dflash_tree_budget
+        if budget is None:
+            return None
+        topk = spec.speculative_dflash_tree_topk
+        if topk is not None and int(topk) > int(vocab_size):
+            raise ValueError(
+                f"--speculative-dflash-tree-topk {topk} exceeds the target "
+                f"vocabulary size {vocab_size}."
+            )
+        block_size = int(spec.speculative_dflash_block_size)
+        return cls(
+            budget=int(budget),
+            topk=resolve_tree_topk(int(budget), topk, int(vocab_size)),
+            block_size=block_size,
+            verify_width=ddtree_verify_width(budget, block_size),
+        )
+
+
+def check_ddtree_worker(
+    *,
+    attention_backend: str,
+    is_mla: bool,
+    is_hybrid: bool,
+    draft_kind: str,
+    dense_lm_head: bool,
+    attn_dp: bool,
+) -> None:
+    """Start-up refusal of what the DDTree wiring cannot serve (ValueError).
+
+    attention_backend: class name of the target's TARGET_VERIFY backend.
+    draft_kind: "dflash" for a plain DFlash draft, else its head's name.
+    """
+    allowed = DDTREE_MLA_MASK_BACKENDS if is_mla else DDTREE_MASK_BACKENDS
+    if attention_backend not in allowed:
+        arch = "MLA " if is_mla else ""
+        raise ValueError(
+            f"DDTree needs a target attention backend that applies a custom mask "
+            f"in TARGET_VERIFY; {attention_backend} does not for this {arch}model "
+            f"(supported: {', '.join(sorted(allowed))})."
+        )
+    if is_hybrid:
+        raise ValueError(
+            "DDTree does not support hybrid/Mamba targets: their state commit "
+            "after verify assumes a linear chain."
+        )
+    if draft_kind != "dflash":
+        raise ValueError(
+            f"DDTree needs a plain DFlash draft (a per-position token head); "
+            f"this draft uses a {draft_kind} head."
+        )
+    if not dense_lm_head:
+        raise ValueError(
+            "DDTree needs a dense (unquantized) target lm_head without added "
+            "vocabulary for its top-K draft head."
+        )
+    if attn_dp:
+        raise ValueError("DDTree does not support --attn-dp-size > 1 yet.")
+
+
+def ddtree_request_error(req: Any) -> Optional[str]:
+    """Why the tree verify cannot serve ``req`` (a scheduler Req), or None."""
+    params = req.sampling_params
+    grammar = ("json_schema", "regex", "ebnf", "structural_tag")
+    if any(getattr(params, name, None) is not None for name in grammar):
+        return "DDTree speculative decoding does not support constrained decoding yet."
+    if req.return_logprob:
+        return "DDTree speculative decoding does not support return_logprob yet."
+    if getattr(req, "custom_logit_processor", None) is not None:
+        return "DDTree speculative decoding does not support custom logit processors yet."
+    return None

@@ -1,0 +1,263 @@
+"""DDTree inside ``DFlashWorkerV2``: what the worker's hunks call, per stage.
+
+The worker keeps its DFlash draft block (block_size tokens: the last bonus
+token then mask tokens) and its draft-KV append; DDTree replaces the linear
+verify in between:
+
+  draft     top-K log-probs per draft position (``DDTreeDraftHead``; in the
+            draft CUDA graph when it is captured, eager otherwise)
+  step      trees + verify input: W tokens per request, tree positions and the
+            FULL_MASK custom mask (``ddtree_step.build_verify_step``)
+  accept    greedy walk, tree speculative sampling (dense), or one target
+            sample per slot then the walk (large bs * W * vocab)
+  commit    the accepted path's target KV moved to the front of the window
+            (SGLang's ``move_accept_tokens_to_target_kvcache``) and the target
+            hidden states compacted along it for the draft-KV append
+
+The verifier holds the step in flight between ``build_step`` and ``commit``
+(one ``forward_batch_generation`` call); nothing else is kept across steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+
+from sglang.srt.speculative.ddtree_config import DDTreeConfig, check_ddtree_worker
+from sglang.srt.speculative.ddtree_head import DDTreeDraftHead
+from sglang.srt.speculative.ddtree_step import (
+    DDTreeAccept,
+    DDTreeVerifyStep,
+    accept_by_target_samples,
+    accept_greedy,
+    accept_sampling,
+    build_verify_step,
+    commit_outputs,
+    compact_hidden,
+    sample_per_slot,
+    use_dense_sampling,
+)
+
+logger = logging.getLogger(__name__)
+
+# Verify rows per chunk on the memory-light sampling path (whole requests).
+DDTREE_ROWS_PER_CHUNK = 1 << 12
+
+
+class DDTreeVerifier:
+    """Per-worker DDTree state: the config, the eager head, the step in flight."""
+
+    def __init__(self, config: DDTreeConfig, eager_head: DDTreeDraftHead):
+        self.config = config
+        self.eager_head = eager_head
+        self._step: Optional[DDTreeVerifyStep] = None
+        self._accept: Optional[DDTreeAccept] = None
+
+    @classmethod
+    def for_worker(cls, worker: Any, config: DDTreeConfig) -> "DDTreeVerifier":
+        """Validate the worker's target and draft for DDTree and build the head."""
+        from sglang.srt.configs.hybrid_arch import mambaish_config
+        from sglang.srt.configs.model_config import AttentionArch
+        from sglang.srt.runtime_context import get_parallel
+        from sglang.srt.speculative.dflash_utils import (
+            is_dense_head_weight,
+            resolve_dflash_verify_mask_policy,
+        )
+
+        runner = worker.model_runner
+        lm_head = getattr(runner.model, "lm_head", None)
+        shard = getattr(lm_head, "shard_indices", None)
+        weight = getattr(lm_head, "weight", None)
+        dense = is_dense_head_weight(weight) and (
+            shard is None or int(shard.num_added_elements) == 0
+        )
+        backend, _ = resolve_dflash_verify_mask_policy(runner.attn_backend)
+        check_ddtree_worker(
+            attention_backend=backend,
+            is_mla=runner.model_config.attention_arch == AttentionArch.MLA,
+            is_hybrid=mambaish_config(runner.model_config) is not None,
+            draft_kind=_draft_kind(worker),
+            dense_lm_head=dense,
+            attn_dp=bool(get_parallel().attn_dp_enabled),
+        )
+        tp_group = get_parallel().tp_group
+        vocab = int(runner.model_config.vocab_size)
+        head = _make_head(config, weight, shard, vocab, _tp_group_or_none(tp_group))
+        logger.info(
+            "DDTree on: budget=%d topk=%d draft block=%d verify width=%d",
+            config.budget,
+            config.topk,
+            config.block_size,
+            config.verify_width,
+        )
+        return cls(config, head)
+
+    def make_head(self, **kwargs: Any) -> DDTreeDraftHead:
+        """A capture-safe head for the draft CUDA graph (worker's sampler slot)."""
+        return DDTreeDraftHead(
+            block_size=self.config.block_size, topk=self.config.topk, **kwargs
+        )
+
+    def draft(
+        self, draft_hidden: torch.Tensor, graph_head: Optional[DDTreeDraftHead], bs: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log_probs [bs, L, K], token_ids [bs, L, K]) for this step's drafts.
+
+        graph_head: the head the draft graph replay already ran, or None (eager).
+        """
+        if graph_head is not None:
+            return graph_head.outputs(bs)
+        return self.eager_head.propose(draft_hidden)
+
+    def build_step(
+        self,
+        draft: tuple[torch.Tensor, torch.Tensor],
+        root_tokens: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        prefix_lens_bound: Optional[int],
+    ) -> DDTreeVerifyStep:
+        """The verify input; kept until ``commit`` of the same step."""
+        log_probs, token_ids = draft
+        self._step = build_verify_step(
+            log_probs,
+            token_ids,
+            root_tokens,
+            prefix_lens,
+            self.config.budget,
+            self.config.verify_width,
+            prefix_lens_bound,
+        )
+        return self._step
+
+    def accept(
+        self,
+        next_token_logits: Optional[torch.Tensor],
+        sampling_info: Any,
+        target_predict: Optional[torch.Tensor],
+        threshold_single: float,
+        threshold_acc: float,
+    ):
+        """Verify the step: (accept_len, commit_lens, bonus, out_tokens, None).
+
+        The tuple is ``DFlashWorkerV2._accept_block``'s (no new_seq_lens: the
+        worker derives them from commit_lens).
+        """
+        step = self._step
+        s = self.config.num_speculative_tokens
+        if target_predict is None and not _all_greedy(sampling_info):
+            accept = self._accept_sampled(
+                step, next_token_logits, sampling_info, threshold_single, threshold_acc
+            )
+        else:
+            if target_predict is None:
+                target_predict = torch.argmax(next_token_logits, dim=-1)
+            accept = accept_greedy(step, target_predict, s)
+        self._accept = accept
+        out_tokens, commit_lens, bonus = commit_outputs(accept, self.config.block_size)
+        return accept.accept_len, commit_lens, bonus, out_tokens, None
+
+    def _accept_sampled(
+        self, step, logits, sampling_info, threshold_single, threshold_acc
+    ) -> DDTreeAccept:
+        from sglang.srt.speculative.dflash_utils import (
+            build_speculative_verify_target_probs,
+        )
+
+        bs, width = step.tokens.shape
+        s = self.config.num_speculative_tokens
+        vocab = logits.shape[-1]
+        if use_dense_sampling(bs, width, vocab):
+            probs = build_speculative_verify_target_probs(
+                next_token_logits=logits,
+                sampling_info=sampling_info,
+                draft_token_num=width,
+                bs=bs,
+            )
+            return accept_sampling(step, probs, s, threshold_single, threshold_acc)
+        samples = torch.empty((bs * width,), dtype=torch.int64, device=logits.device)
+        rows = max(1, DDTREE_ROWS_PER_CHUNK // width) * width
+        for start in range(0, bs * width, rows):
+            chunk = slice(start, min(start + rows, bs * width))
+            probs = build_speculative_verify_target_probs(
+                next_token_logits=logits[chunk],
+                sampling_info=_RowsView(sampling_info, chunk, width),
+                draft_token_num=width,
+                bs=(chunk.stop - chunk.start) // width,
+            )
+            samples[chunk] = sample_per_slot(probs.view(-1, vocab))
+        return accept_by_target_samples(step, samples.view(bs, width), s)
+
+    def commit(
+        self, batch: Any, hidden: torch.Tensor, token_to_kv_pool_allocator: Any
+    ) -> torch.Tensor:
+        """Move the accepted path's target KV into place; compact hidden states.
+
+        hidden [bs, W, H] target states of the verify slots; returns
+        [bs * block_size, H], row k of request b = its k-th accepted slot.
+        """
+        from sglang.srt.speculative.spec_utils import (
+            move_accept_tokens_to_target_kvcache,
+        )
+
+        accept = self._accept
+        move_accept_tokens_to_target_kvcache(
+            batch, accept.accept_index, accept.accept_len, token_to_kv_pool_allocator
+        )
+        compact = compact_hidden(hidden, accept, self.config.block_size)
+        self._step = self._accept = None
+        return compact.reshape(-1, hidden.shape[-1])
+
+
+class _RowsView:
+    """The sampling params of the requests whose verify rows ``rows`` covers."""
+
+    def __init__(self, sampling_info: Any, rows: slice, width: int):
+        self._info = sampling_info
+        self._reqs = slice(rows.start // width, rows.stop // width)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._info, name)
+        if name in ("temperatures", "top_ks", "top_ps", "min_ps"):
+            return value[self._reqs]
+        return value
+
+
+def _tp_group_or_none(tp_group: Any) -> Any:
+    return tp_group if int(tp_group.world_size) > 1 else None
+
+
+def _make_head(
+    config: DDTreeConfig,
+    weight: torch.Tensor,
+    shard: Any,
+    vocab_size: int,
+    tp_group: Any,
+) -> DDTreeDraftHead:
+    if shard is None:
+        num_org, start = min(int(weight.shape[0]), vocab_size), 0
+    else:
+        num_org, start = int(shard.num_org_elements), int(shard.org_vocab_start_index)
+    return DDTreeDraftHead(
+        weight=weight,
+        block_size=config.block_size,
+        topk=config.topk,
+        num_org=num_org,
+        org_vocab_start=start,
+        tp_group=tp_group,
+    )
+
+
+def _draft_kind(worker: Any) -> str:
+    if getattr(worker, "_is_domino", False):
+        return "Domino"
+    if getattr(worker, "selector", None) is not None:
+        return "candidate-selector"
+    if getattr(worker, "lilicorr", None) is not None:
+        return "LiLiCorr"
+    return "dflash"
+
+
+def _all_greedy(sampling_info: Any) -> bool:
+    return sampling_info is None or bool(sampling_info.is_all_greedy)

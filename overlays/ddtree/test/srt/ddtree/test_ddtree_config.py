@@ -1,0 +1,140 @@
+"""DDTree's server-argument resolution, start-up and per-request refusals."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sglang.srt.speculative.ddtree_config import (
+    DDTreeConfig,
+    check_ddtree_worker,
+    ddtree_request_error,
+    ddtree_verify_width,
+    resolve_ddtree_server_args,
+)
+
+
+def _cfg(**over):
+    base = dict(
+        speculative_dflash_tree_budget=8,
+        speculative_dflash_tree_topk=None,
+        speculative_draft_window_size=None,
+        speculative_use_block_verification=False,
+        speculative_num_draft_tokens=4,
+    )
+    base.update(over)
+    return SimpleNamespace(**base)
+
+
+@pytest.mark.parametrize(
+    "budget,block,width", [(2, 4, 4), (3, 4, 4), (8, 4, 9), (255, 16, 256)]
+)
+def test_verify_width_is_budget_plus_one_at_least_the_block(budget, block, width):
+    assert ddtree_verify_width(budget, block) == width
+    fields = resolve_ddtree_server_args(
+        _cfg(speculative_dflash_tree_budget=budget, speculative_num_draft_tokens=block)
+    )
+    assert fields == {
+        "speculative_dflash_block_size": block,
+        "speculative_num_draft_tokens": width,
+    }
+
+
+def test_no_budget_declares_nothing():
+    assert resolve_ddtree_server_args(_cfg(speculative_dflash_tree_budget=None)) == {}
+
+
+@pytest.mark.parametrize(
+    "over,message",
+    [
+        ({"speculative_dflash_tree_budget": 0}, "tree-budget to be positive, got 0"),
+        ({"speculative_dflash_tree_topk": -1}, "tree-topk to be positive, got -1"),
+        (
+            {"speculative_dflash_tree_budget": None, "speculative_dflash_tree_topk": 2},
+            "tree-topk requires --speculative-dflash-tree-budget",
+        ),
+        ({"speculative_draft_window_size": 64}, "draft-window-size"),
+        ({"speculative_use_block_verification": True}, "block-verification"),
+        ({"speculative_num_draft_tokens": 1}, "block size >= 2"),
+    ],
+)
+def test_each_refused_server_setting_has_its_message(over, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_ddtree_server_args(_cfg(**over))
+
+
+def _spec(budget=8, topk=None, block=4):
+    return SimpleNamespace(
+        speculative_dflash_tree_budget=budget,
+        speculative_dflash_tree_topk=topk,
+        speculative_dflash_block_size=block,
+    )
+
+
+def test_worker_config_defaults_topk_to_min_budget_vocab():
+    assert DDTreeConfig.for_worker(_spec(budget=8), vocab_size=64).topk == 8
+    config = DDTreeConfig.for_worker(_spec(budget=100), vocab_size=64)
+    assert (config.topk, config.verify_width, config.depth) == (64, 101, 3)
+    assert config.num_speculative_tokens == 4
+    assert DDTreeConfig.for_worker(_spec(budget=None), vocab_size=64) is None
+
+
+def test_worker_config_refuses_topk_above_the_vocabulary():
+    with pytest.raises(ValueError, match="tree-topk 65 exceeds the target vocabulary"):
+        DDTreeConfig.for_worker(_spec(topk=65), vocab_size=64)
+
+
+_OK = dict(
+    attention_backend="TritonAttnBackend",
+    is_mla=False,
+    is_hybrid=False,
+    draft_kind="dflash",
+    dense_lm_head=True,
+    attn_dp=False,
+)
+
+
+@pytest.mark.parametrize(
+    "over,message",
+    [
+        ({"attention_backend": "FlashAttentionBackend"}, "FlashAttentionBackend does"),
+        (
+            {"attention_backend": "FlashInferMLAAttnBackend", "is_mla": True},
+            "this MLA model",
+        ),
+        ({"is_hybrid": True}, "hybrid/Mamba"),
+        ({"draft_kind": "Domino"}, "uses a Domino head"),
+        ({"dense_lm_head": False}, "dense \\(unquantized\\)"),
+        ({"attn_dp": True}, "attn-dp-size"),
+    ],
+)
+def test_each_refused_worker_setting_has_its_message(over, message):
+    check_ddtree_worker(**_OK)  # the accepted baseline
+    with pytest.raises(ValueError, match=message):
+        check_ddtree_worker(**{**_OK, **over})
+
+
+def test_mla_is_served_by_triton_only():
+    check_ddtree_worker(**{**_OK, "is_mla": True})
+    check_ddtree_worker(**{**_OK, "attention_backend": "FlashInferAttnBackend"})
+
+
+def _req(**params):
+    sampling = SimpleNamespace(json_schema=None, regex=None, ebnf=None, structural_tag=None)
+    for key, value in params.items():
+        setattr(sampling, key, value)
+    return SimpleNamespace(
+        sampling_params=sampling, return_logprob=False, custom_logit_processor=None
+    )
+
+
+def test_requests_the_tree_cannot_serve_are_named():
+    assert ddtree_request_error(_req()) is None
+    assert "constrained decoding" in ddtree_request_error(_req(regex="a+"))
+    req = _req()
+    req.return_logprob = True
+    assert "return_logprob" in ddtree_request_error(req)
+    req = _req()
+    req.custom_logit_processor = "serialized"
+    assert "custom logit processors" in ddtree_request_error(req)
