@@ -8,6 +8,7 @@ import pytest
 
 from sglang.srt.speculative.ddtree_config import (
     DDTreeConfig,
+    check_ddtree_attention,
     check_ddtree_worker,
     ddtree_request_error,
     ddtree_verify_width,
@@ -85,24 +86,12 @@ def test_worker_config_refuses_topk_above_the_vocabulary():
         DDTreeConfig.for_worker(_spec(topk=65), vocab_size=64)
 
 
-_OK = dict(
-    attention_backend="TritonAttnBackend",
-    is_mla=False,
-    is_hybrid=False,
-    draft_kind="dflash",
-    dense_lm_head=True,
-    attn_dp=False,
-)
+_OK = dict(is_hybrid=False, draft_kind="dflash", dense_lm_head=True, attn_dp=False)
 
 
 @pytest.mark.parametrize(
     "over,message",
     [
-        ({"attention_backend": "FlashAttentionBackend"}, "FlashAttentionBackend does"),
-        (
-            {"attention_backend": "FlashInferMLAAttnBackend", "is_mla": True},
-            "this MLA model",
-        ),
         ({"is_hybrid": True}, "hybrid/Mamba"),
         ({"draft_kind": "Domino"}, "uses a Domino head"),
         ({"dense_lm_head": False}, "dense \\(unquantized\\)"),
@@ -115,9 +104,13 @@ def test_each_refused_worker_setting_has_its_message(over, message):
         check_ddtree_worker(**{**_OK, **over})
 
 
-def test_mla_is_served_by_triton_only():
-    check_ddtree_worker(**{**_OK, "is_mla": True})
-    check_ddtree_worker(**{**_OK, "attention_backend": "FlashInferAttnBackend"})
+def test_attention_backends_must_apply_the_verify_mask():
+    check_ddtree_attention("TritonAttnBackend", is_mla=True)
+    check_ddtree_attention("FlashInferAttnBackend", is_mla=False)
+    with pytest.raises(ValueError, match="FlashAttentionBackend does not for this"):
+        check_ddtree_attention("FlashAttentionBackend", is_mla=False)
+    with pytest.raises(ValueError, match="does not for this MLA model"):
+        check_ddtree_attention("FlashInferAttnBackend", is_mla=True)
 
 
 def _req(**params):

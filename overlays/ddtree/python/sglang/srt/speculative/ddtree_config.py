@@ -127,20 +127,8 @@ class DDTreeConfig:
         )
 
 
-def check_ddtree_worker(
-    *,
-    attention_backend: str,
-    is_mla: bool,
-    is_hybrid: bool,
-    draft_kind: str,
-    dense_lm_head: bool,
-    attn_dp: bool,
-) -> None:
-    """Start-up refusal of what the DDTree wiring cannot serve (ValueError).
-
-    attention_backend: class name of the target's TARGET_VERIFY backend.
-    draft_kind: "dflash" for a plain DFlash draft, else its head's name.
-    """
+def check_ddtree_attention(attention_backend: str, is_mla: bool) -> None:
+    """Refuse a target TARGET_VERIFY backend (class name) that ignores the mask."""
     allowed = DDTREE_MLA_MASK_BACKENDS if is_mla else DDTREE_MASK_BACKENDS
     if attention_backend not in allowed:
         arch = "MLA " if is_mla else ""
@@ -149,6 +137,19 @@ def check_ddtree_worker(
             f"in TARGET_VERIFY; {attention_backend} does not for this {arch}model "
             f"(supported: {', '.join(sorted(allowed))})."
         )
+
+
+def check_ddtree_worker(
+    *,
+    is_hybrid: bool,
+    draft_kind: str,
+    dense_lm_head: bool,
+    attn_dp: bool,
+) -> None:
+    """Start-up refusal of what the DDTree wiring cannot serve (ValueError).
+
+    draft_kind: "dflash" for a plain DFlash draft, else its head's name.
+    """
     if is_hybrid:
         raise ValueError(
             "DDTree does not support hybrid/Mamba targets: their state commit "

@@ -25,6 +25,7 @@ overlap scheduler and, on CUDA, inside graphs where the callee allows it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -46,6 +47,7 @@ from sglang.srt.speculative.ddtree_verify import (
 # Above this many target-probability elements (bs * W * vocab) the sampling
 # verify draws one target sample per node and walks the tree greedily instead
 # of materialising [bs, W, vocab] float32 probabilities (2^26 = 256 MiB).
+# $SGLANG_DDTREE_DENSE_SAMPLING_MAX_ELEMENTS overrides it (0: always light).
 DDTREE_DENSE_SAMPLING_MAX_ELEMENTS = 1 << 26
 
 
@@ -206,7 +208,9 @@ def sample_per_slot(probs: torch.Tensor) -> torch.Tensor:
 
 def use_dense_sampling(bs: int, width: int, vocab_size: int) -> bool:
     """Whether the [bs, W, V] probabilities fit the documented threshold."""
-    return bs * width * vocab_size <= DDTREE_DENSE_SAMPLING_MAX_ELEMENTS
+    limit = os.environ.get("SGLANG_DDTREE_DENSE_SAMPLING_MAX_ELEMENTS")
+    limit = DDTREE_DENSE_SAMPLING_MAX_ELEMENTS if limit is None else int(limit)
+    return bs * width * vocab_size <= limit
 
 
 def commit_outputs(

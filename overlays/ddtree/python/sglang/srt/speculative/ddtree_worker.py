@@ -25,7 +25,11 @@ from typing import Any, Optional
 
 import torch
 
-from sglang.srt.speculative.ddtree_config import DDTreeConfig, check_ddtree_worker
+from sglang.srt.speculative.ddtree_config import (
+    DDTreeConfig,
+    check_ddtree_attention,
+    check_ddtree_worker,
+)
 from sglang.srt.speculative.ddtree_head import DDTreeDraftHead
 from sglang.srt.speculative.ddtree_step import (
     DDTreeAccept,
@@ -54,17 +58,14 @@ class DDTreeVerifier:
         self.eager_head = eager_head
         self._step: Optional[DDTreeVerifyStep] = None
         self._accept: Optional[DDTreeAccept] = None
+        self._logged_paths: set[str] = set()
 
     @classmethod
     def for_worker(cls, worker: Any, config: DDTreeConfig) -> "DDTreeVerifier":
         """Validate the worker's target and draft for DDTree and build the head."""
         from sglang.srt.configs.hybrid_arch import mambaish_config
-        from sglang.srt.configs.model_config import AttentionArch
         from sglang.srt.runtime_context import get_parallel
-        from sglang.srt.speculative.dflash_utils import (
-            is_dense_head_weight,
-            resolve_dflash_verify_mask_policy,
-        )
+        from sglang.srt.speculative.dflash_utils import is_dense_head_weight
 
         runner = worker.model_runner
         lm_head = getattr(runner.model, "lm_head", None)
@@ -73,10 +74,7 @@ class DDTreeVerifier:
         dense = is_dense_head_weight(weight) and (
             shard is None or int(shard.num_added_elements) == 0
         )
-        backend, _ = resolve_dflash_verify_mask_policy(runner.attn_backend)
         check_ddtree_worker(
-            attention_backend=backend,
-            is_mla=runner.model_config.attention_arch == AttentionArch.MLA,
             is_hybrid=mambaish_config(runner.model_config) is not None,
             draft_kind=_draft_kind(worker),
             dense_lm_head=dense,
@@ -93,6 +91,22 @@ class DDTreeVerifier:
             config.verify_width,
         )
         return cls(config, head)
+
+    @staticmethod
+    def check_attention(runner: Any) -> None:
+        """Refuse a target attention backend without a TARGET_VERIFY mask.
+
+        Called once the target's backends exist (the worker's
+        ``init_attention_backends``).
+        """
+        from sglang.srt.configs.model_config import AttentionArch
+        from sglang.srt.speculative.dflash_utils import (
+            resolve_dflash_verify_mask_policy,
+        )
+
+        backend, _ = resolve_dflash_verify_mask_policy(runner.attn_backend)
+        is_mla = runner.model_config.attention_arch == AttentionArch.MLA
+        check_ddtree_attention(backend, is_mla)
 
     def make_head(self, **kwargs: Any) -> DDTreeDraftHead:
         """A capture-safe head for the draft CUDA graph (worker's sampler slot)."""
@@ -169,6 +183,7 @@ class DDTreeVerifier:
         s = self.config.num_speculative_tokens
         vocab = logits.shape[-1]
         if use_dense_sampling(bs, width, vocab):
+            self._log_path_once("dense tree speculative sampling")
             probs = build_speculative_verify_target_probs(
                 next_token_logits=logits,
                 sampling_info=sampling_info,
@@ -176,6 +191,7 @@ class DDTreeVerifier:
                 bs=bs,
             )
             return accept_sampling(step, probs, s, threshold_single, threshold_acc)
+        self._log_path_once("one target sample per slot, then the greedy walk")
         samples = torch.empty((bs * width,), dtype=torch.int64, device=logits.device)
         rows = max(1, DDTREE_ROWS_PER_CHUNK // width) * width
         for start in range(0, bs * width, rows):
@@ -188,6 +204,11 @@ class DDTreeVerifier:
             )
             samples[chunk] = sample_per_slot(probs.view(-1, vocab))
         return accept_by_target_samples(step, samples.view(bs, width), s)
+
+    def _log_path_once(self, path: str) -> None:
+        if path not in self._logged_paths:
+            self._logged_paths.add(path)
+            logger.info("DDTree sampling verify: %s", path)
 
     def commit(
         self, batch: Any, hidden: torch.Tensor, token_to_kv_pool_allocator: Any
