@@ -61,7 +61,8 @@ def _greedy_reference(cand, ridx, nxt, sib, target, s):
 def _sampling_reference(cand, ridx, nxt, sib, coins, final_coin, tp, dp, s, thr_single, thr_acc):
     """tree_speculative_sampling_target_only for one request in numpy float32 (dp mutated)."""
     f32 = np.float32
-    thr_single, thr_acc = f32(thr_single), f32(thr_acc)
+    # The kernel's host wrapper passes std::max(static_cast<float>(threshold_acc), 1e-9f).
+    thr_single, thr_acc = f32(thr_single), max(f32(thr_acc), f32(1e-9))
     prob_acc, row, coin = f32(0), 0, f32(coins[0])
     last = ridx[0]
     accept, predicts, num, cur = [last], {}, 0, 0
@@ -162,6 +163,42 @@ def test_sampling_bonus_after_full_acceptance_ignores_draft_probs() -> None:
     assert out is None  # in place, like the kernel
     result = ddtree_verify_sampling(tokens, r, tp, torch.full((1, 3), 0.5), torch.tensor([0.1]), 3, draft_probs=dp)
     assert result.emitted_tokens.tolist() == [[1, 2, 0]]  # token 0 despite draft_probs[2, 0] = 0.5
+
+
+def _chain_sampling(target_prob: float, threshold_acc: float):
+    """Root -> token 1 -> token 2; the root's target puts ``target_prob`` on token 1."""
+    tokens = torch.tensor([[0, 1, 2]])
+    r = compile_ddtree_retrieve(torch.tensor([[-1, 0, 1]]))
+    tp = torch.full((1, 3, 3), 1.0 / 3)
+    tp[0, 0] = torch.tensor([1.0 - target_prob, target_prob, 0.0])
+    coins = torch.full((1, 3), 0.5)
+    return ddtree_verify_sampling(tokens, r, tp, coins, torch.tensor([0.25]), 3,
+                                  threshold_acc=threshold_acc)
+
+
+def test_sampling_threshold_acc_is_clamped_like_the_kernel_host_wrapper() -> None:
+    """threshold_acc = 0 divides by 1e-9f (no inf/NaN): a 1e-12 target prob with coin 0.5
+    is rejected (1e-3 < 0.5 fails), a 1e-8 one accepted (10 > 0.5); 0 behaves as 1e-9."""
+    rejected = _chain_sampling(1e-12, 0.0)
+    assert rejected.accept_token_num.tolist() == [0]
+    assert rejected.emitted_tokens[0, 0].item() in (0, 1)  # the bonus: a real token
+    accepted = _chain_sampling(1e-8, 0.0)
+    assert accepted.accept_token_num.tolist() == [2]
+    for prob in (1e-12, 1e-10, 1e-8, 0.3):
+        zero, floor = _chain_sampling(prob, 0.0), _chain_sampling(prob, 1e-9)
+        assert zero.emitted_tokens.tolist() == floor.emitted_tokens.tolist()
+        assert zero.accept_index.tolist() == floor.accept_index.tolist()
+
+
+@pytest.mark.parametrize(("name", "value"), [("threshold_acc", 1.5), ("threshold_single", -0.1)])
+def test_sampling_thresholds_outside_unit_interval_are_rejected(name, value) -> None:
+    """The kernel's host wrapper checks 0 <= threshold <= 1; the torch twin does too."""
+    tokens = torch.tensor([[0, 1]])
+    r = compile_ddtree_retrieve(torch.tensor([[-1, 0]]))
+    tp = torch.full((1, 2, 2), 0.5)
+    with pytest.raises(ValueError, match=name):
+        ddtree_verify_sampling(tokens, r, tp, torch.full((1, 2), 0.5), torch.tensor([0.5]), 2,
+                               **{name: value})
 
 
 # --- greedy speculative decoding on a toy target equals plain argmax decoding --------------

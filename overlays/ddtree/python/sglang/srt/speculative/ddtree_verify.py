@@ -166,7 +166,11 @@ def tree_speculative_sampling_target_only_torch(
     uniform_samples float32 [bs, N]; uniform_samples_for_final_sampling float32 [bs];
     target_probs, draft_probs float32 [bs, N, V] (draft_probs is mutated like the kernel's).
     ``deterministic`` is accepted for signature parity; the torch path is always deterministic.
+    Thresholds follow the kernel's host wrapper: both must lie in [0, 1] (ValueError
+    otherwise), and threshold_acc is clamped to max(float32(threshold_acc), 1e-9f) before
+    the division (threshold_acc = 0 acts as 1e-9: no inf or NaN from 0 / 0).
     """
+    _check_thresholds(threshold_single, threshold_acc)
     bs, n = candidates.shape
     s = accept_index.shape[1]
     vocab = target_probs.shape[-1]
@@ -174,7 +178,7 @@ def tree_speculative_sampling_target_only_torch(
     rows = torch.arange(bs, device=dev)
     f32 = torch.float32
     thr_single = torch.tensor(threshold_single, dtype=f32, device=dev)
-    thr_acc = torch.tensor(threshold_acc, dtype=f32, device=dev)
+    thr_acc = _clamped_threshold_acc(threshold_acc, dev)
     tp = target_probs.reshape(bs * n, vocab)
     dp = draft_probs.view(bs * n, vocab)
     coins = uniform_samples.reshape(bs * n).to(f32)
@@ -219,6 +223,25 @@ def tree_speculative_sampling_target_only_torch(
     tokens_out.scatter_(1, num[:, None], bonus[:, None])
     _write_predicts(predicts, accept_index, num, tokens_out[:, :s])
     accept_token_num.copy_(num.to(accept_token_num.dtype))
+
+
+def _check_thresholds(threshold_single: float, threshold_acc: float) -> None:
+    """The kernel host wrapper's range checks (``CHECK_HOST`` in SGLang's csrc sampling.cuh)."""
+    for name, value in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
+        if not 0.0 <= float(value) <= 1.0:
+            raise ValueError(f"expected {name} in [0, 1], got {value}")
+
+
+def _clamped_threshold_acc(threshold_acc: float, device: torch.device) -> torch.Tensor:
+    """float32 0-dim tensor max(float32(threshold_acc), 1e-9f), as the kernel receives it.
+
+    SGLang's host wrapper passes ``std::max(static_cast<float>(threshold_acc), 1e-9f)``;
+    rounding to float32 is monotone, so this equals rounding max(threshold_acc, 1e-9).
+    """
+    f32 = torch.float32
+    value = torch.tensor(float(threshold_acc), dtype=f32)
+    floor = torch.tensor(1e-9, dtype=f32)
+    return torch.maximum(value, floor).to(device)
 
 
 def _sample_residual(q: torch.Tensor, p: torch.Tensor, use_draft: torch.Tensor, coin: torch.Tensor) -> torch.Tensor:
