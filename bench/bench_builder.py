@@ -70,8 +70,10 @@ def main() -> None:
     heap_build, batched_build = _import_overlay()
     depth = 15
     for label, scale in (("flat drafts", 2.5), ("peaked drafts", 6.0)):
-        print(f"DDTree builders on CPU, torch {torch.__version__}, {args.threads} threads, L={depth}, K=budget, "
-              f"median of {args.repeats}, {label} (logit scale {scale})")
+        print(
+            f"DDTree builders on CPU, torch {torch.__version__}, {args.threads} threads, L={depth}, K=budget, "
+            f"median of {args.repeats}, {label} (logit scale {scale})"
+        )
         _table(heap_build, batched_build, depth, scale, args.repeats)
         print()
 
@@ -95,8 +97,10 @@ def _table(heap_build, batched_build, depth: int, scale: float, repeats: int) ->
 
             t_heap, t_batched = _median_pair(heap, batched, repeats)
             deepest = int(batched_build(lp, ids, budget, validate=False).depths.max())
-            print(f"{bs:>4} {budget:>6} {t_heap * 1e3:>14.2f} {t_batched * 1e3:>17.2f} {t_heap / t_batched:>12.2f}x"
-                  f" {deepest:>6}")
+            print(
+                f"{bs:>4} {budget:>6} {t_heap * 1e3:>14.2f} {t_batched * 1e3:>17.2f} {t_heap / t_batched:>12.2f}x"
+                f" {deepest:>6}"
+            )
 
 
 if __name__ == "__main__":

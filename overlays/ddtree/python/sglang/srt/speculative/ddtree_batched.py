@@ -115,7 +115,10 @@ def build_ddtree_batched(
 
 
 def _cuda_build(
-    log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int, root_tokens: Optional[torch.Tensor]
+    log_probs: torch.Tensor,
+    token_ids: torch.Tensor,
+    budget: int,
+    root_tokens: Optional[torch.Tensor],
 ) -> Optional[DDTreeBatch]:
     """Extension point for a CUDA kernel; returns None to use the torch path.
 
@@ -146,7 +149,6 @@ def count_possible_nodes(depth: int, k: int, cap: int) -> int:
     return total
 
 
-
 @dataclass
 class _Level:
     """Nodes kept at one depth, in key order; [bs, n]. Invalid slots (weight -inf) come last.
@@ -168,7 +170,10 @@ class _Level:
 
 
 def _build_torch(
-    log_probs: torch.Tensor, token_ids: torch.Tensor, budget: int, root_tokens: Optional[torch.Tensor]
+    log_probs: torch.Tensor,
+    token_ids: torch.Tensor,
+    budget: int,
+    root_tokens: Optional[torch.Tensor],
 ) -> DDTreeBatch:
     """The tensor-op builder: pruned selection, certified; unpruned fallback if needed."""
     lp = log_probs.detach().to(torch.float64)
@@ -181,7 +186,10 @@ def _build_torch(
 
 
 def _build_single(
-    lp: torch.Tensor, token_ids: torch.Tensor, budget: int, root_tokens: Optional[torch.Tensor]
+    lp: torch.Tensor,
+    token_ids: torch.Tensor,
+    budget: int,
+    root_tokens: Optional[torch.Tensor],
 ) -> DDTreeBatch:
     """One request on CPU: the heap loop itself (the reference), padded into a DDTreeBatch.
 
@@ -192,7 +200,11 @@ def _build_single(
 
     tree = build_ddtree_tree_from_topk(lp[0], token_ids[0], budget, validate=False)
     real = tree.tokens.numel()
-    root = root_tokens.to(torch.int64)[:, None] if root_tokens is not None else torch.full((1, 1), -1)
+    root = (
+        root_tokens.to(torch.int64)[:, None]
+        if root_tokens is not None
+        else torch.full((1, 1), -1)
+    )
     return _padded_batch(
         1,
         budget,
@@ -218,14 +230,20 @@ def _host_reads(device: torch.device) -> bool:
 
 
 def _select_trees(
-    lp: torch.Tensor, token_ids: torch.Tensor, budget: int, root_tokens: Optional[torch.Tensor], prune: bool
+    lp: torch.Tensor,
+    token_ids: torch.Tensor,
+    budget: int,
+    root_tokens: Optional[torch.Tensor],
+    prune: bool,
 ) -> tuple[DDTreeBatch, torch.Tensor]:
     """Select the budget best nodes; returns the batch and a 0-dim bool certificate."""
     bs, depth, k = lp.shape
     device = lp.device
     dynamic = _host_reads(device)
     levels = [_root_level(bs, device)]
-    risky: list[torch.Tensor] = []  # per depth: heaviest pruned pair not cleared (_risky_pruned)
+    risky: list[torch.Tensor] = (
+        []
+    )  # per depth: heaviest pruned pair not cleared (_risky_pruned)
     if budget > 0:
         levels.append(_first_level(lp[:, 0, :], budget))
         best = levels[1].weight
@@ -234,7 +252,9 @@ def _select_trees(
             sizes = _active_sizes(levels[-1], lp[:, d - 1, :], floor, budget, dynamic)
             if sizes is None:
                 break  # no row has a node left that can reach the tree
-            expanded = _expand_level(levels, lp[:, d - 1, :], floor, budget, sizes, prune, dynamic)
+            expanded = _expand_level(
+                levels, lp[:, d - 1, :], floor, budget, sizes, prune, dynamic
+            )
             if expanded is None:
                 break
             level, level_risky = expanded
@@ -270,7 +290,8 @@ def _first_level(lp_1: torch.Tensor, budget: int) -> _Level:
     n = min(k, budget)
     ranks = torch.arange(n, dtype=torch.int64, device=lp_1.device).expand(bs, n)
     return _Level(
-        weight=lp_1[:, :n] + 0.0,  # float rule: 0.0 (root weight) + lp, e.g. -0.0 becomes 0.0
+        weight=lp_1[:, :n]
+        + 0.0,  # float rule: 0.0 (root weight) + lp, e.g. -0.0 becomes 0.0
         parent=torch.zeros((bs, n), dtype=torch.int64, device=lp_1.device),
         rank=ranks,
         lexpos=ranks,
@@ -300,7 +321,13 @@ def _pool_floor(best: torch.Tensor, budget: int) -> Optional[torch.Tensor]:
     return best.amin(1, keepdim=True)
 
 
-def _active_sizes(prev: _Level, lp_d: torch.Tensor, floor: Optional[torch.Tensor], budget: int, dynamic: bool):
+def _active_sizes(
+    prev: _Level,
+    lp_d: torch.Tensor,
+    floor: Optional[torch.Tensor],
+    budget: int,
+    dynamic: bool,
+):
     """(parents, ranks) to score at this depth, or None when nothing can reach the tree.
 
     Parents at or above the floor are a prefix of the key order; the best parent's children
@@ -324,13 +351,19 @@ class _Pairs:
     slots: torch.Tensor  # int64 [C]
     ranks: torch.Tensor  # int64 [C]
     widths: torch.Tensor  # int64 [P], pairs per parent slot (a rank prefix)
-    first_pruned: torch.Tensor  # int64 [P], min(width, K - 1): the first rank not scored
-    has_pruned: torch.Tensor  # bool [P], width < num_ranks: the pair rule cut this parent
+    first_pruned: (
+        torch.Tensor
+    )  # int64 [P], min(width, K - 1): the first rank not scored
+    has_pruned: (
+        torch.Tensor
+    )  # bool [P], width < num_ranks: the pair rule cut this parent
     any_pruned: bool
     all_pruned: bool
 
 
-def _candidate_pairs(num_parents: int, num_ranks: int, budget: int, prune: bool, k: int, device) -> _Pairs:
+def _candidate_pairs(
+    num_parents: int, num_ranks: int, budget: int, prune: bool, k: int, device
+) -> _Pairs:
     """(parent slot i, rank j < num_ranks) pairs to score: (i+1)*(j+1) <= budget when
     pruning, else all. Cached per device, keyed on ``_pair_lists`` itself so that a replaced
     pair rule takes effect.
@@ -342,7 +375,15 @@ def _candidate_pairs(num_parents: int, num_ranks: int, budget: int, prune: bool,
 
 
 @functools.lru_cache(maxsize=1024)
-def _pair_tensors(pair_lists, num_parents: int, num_ranks: int, budget: int, prune: bool, k: int, device) -> _Pairs:
+def _pair_tensors(
+    pair_lists,
+    num_parents: int,
+    num_ranks: int,
+    budget: int,
+    prune: bool,
+    k: int,
+    device,
+) -> _Pairs:
     slots, ranks, widths = pair_lists(num_parents, num_ranks, budget, prune)
     as_tensor = functools.partial(torch.tensor, dtype=torch.int64, device=device)
     width_t = as_tensor(widths)
@@ -385,20 +426,36 @@ def _expand_level(
     prev = levels[-1]
     k = lp_d.shape[1]
     pairs = _candidate_pairs(*sizes, budget, prune, k, lp_d.device)
-    if dynamic and floor is not None and pairs.slots.numel() * lp_d.shape[0] >= _NARROW_MIN_SCORES:
-        pairs = _pairs_above_floor(pairs, prev.weight[:, : sizes[0]], lp_d[:, : sizes[1]], floor)
+    if (
+        dynamic
+        and floor is not None
+        and pairs.slots.numel() * lp_d.shape[0] >= _NARROW_MIN_SCORES
+    ):
+        pairs = _pairs_above_floor(
+            pairs, prev.weight[:, : sizes[0]], lp_d[:, : sizes[1]], floor
+        )
         if pairs is None:
             return None
-    weight = prev.weight.index_select(1, pairs.slots) + lp_d.index_select(1, pairs.ranks)  # float rule
+    weight = prev.weight.index_select(1, pairs.slots) + lp_d.index_select(
+        1, pairs.ranks
+    )  # float rule
     if floor is not None:
         weight.masked_fill_(weight < floor, float("-inf"))
     keep = min(budget, weight.shape[1])
 
-    def lexkey(idx: torch.Tensor) -> torch.Tensor:  # lexicographic key of candidates' rank tuples
-        return _ensure_lexpos(levels, len(levels) - 1).gather(1, pairs.slots.take(idx)) * k + pairs.ranks.take(idx)
+    def lexkey(
+        idx: torch.Tensor,
+    ) -> torch.Tensor:  # lexicographic key of candidates' rank tuples
+        return _ensure_lexpos(levels, len(levels) - 1).gather(
+            1, pairs.slots.take(idx)
+        ) * k + pairs.ranks.take(idx)
 
-    order, values = _select_by_key(weight, lexkey, keep, prev.weight.shape[1] * k, dynamic)
-    level = _Level(weight=values, parent=pairs.slots.take(order), rank=pairs.ranks.take(order))
+    order, values = _select_by_key(
+        weight, lexkey, keep, prev.weight.shape[1] * k, dynamic
+    )
+    level = _Level(
+        weight=values, parent=pairs.slots.take(order), rank=pairs.ranks.take(order)
+    )
     if not pairs.any_pruned:  # the pair rule cut nothing (see _candidate_pairs)
         return level, None
     return level, _risky_pruned(levels, level, lp_d, pairs, budget, dynamic)
@@ -418,14 +475,20 @@ def _pairs_above_floor(
     """
     bs = parent_weight.shape[0]
     slack = (floor.abs() + parent_weight.abs()) * 1e-12
-    bound = (parent_weight - floor + slack).masked_fill_(parent_weight == float("-inf"), float("-inf"))
-    reach = torch.searchsorted(torch.neg(lp_d).contiguous(), bound.contiguous(), side="right")
+    bound = (parent_weight - floor + slack).masked_fill_(
+        parent_weight == float("-inf"), float("-inf")
+    )
+    reach = torch.searchsorted(
+        torch.neg(lp_d).contiguous(), bound.contiguous(), side="right"
+    )
     widths = torch.minimum(pairs.widths, reach.amax(0) if bs > 1 else reach[0])
     width_list = widths.tolist()
     total = sum(width_list)
     if total == 0:
         return None
-    slots = torch.repeat_interleave(torch.arange(len(width_list), device=widths.device), widths, output_size=total)
+    slots = torch.repeat_interleave(
+        torch.arange(len(width_list), device=widths.device), widths, output_size=total
+    )
     starts = torch.cumsum(widths, 0) - widths
     ranks = torch.arange(total, device=widths.device) - starts.index_select(0, slots)
     # The certificate still checks the first pair past the pair rule (first_pruned): ranks
@@ -436,7 +499,9 @@ def _pairs_above_floor(
 _KEY_LIMIT = 2**62  # exclusive bound of the integer tie-break keys (int64)
 
 
-def _select_by_key(weight: torch.Tensor, lexkey, keep: int, lex_range: int, dynamic: bool):
+def _select_by_key(
+    weight: torch.Tensor, lexkey, keep: int, lex_range: int, dynamic: bool
+):
     """The ``keep`` smallest keys (-weight, lexkey) per row, in key order: (indices, weights).
 
     ``lexkey(idx)`` returns the int64 lexicographic keys (< lex_range, unique among valid
@@ -453,18 +518,26 @@ def _select_by_key(weight: torch.Tensor, lexkey, keep: int, lex_range: int, dyna
     if dynamic and not bool((torch.diff(top.values[:, : keep + 1], dim=1) == 0).any()):
         return top.indices[:, :keep], top.values[:, :keep]
     last = top.values[:, keep - 1 : keep]
-    tied = int((weight >= last).sum(1).max()) if dynamic else num  # entries at or above it
+    tied = (
+        int((weight >= last).sum(1).max()) if dynamic else num
+    )  # entries at or above it
     if tied > top.values.shape[1]:
         top = torch.topk(weight, tied, dim=1)
     values, idx = top.values[:, :tied], top.indices[:, :tied]
-    if (tied + 1) * lex_range >= _KEY_LIMIT:  # the integer key would overflow: two stable sorts instead
+    if (
+        tied + 1
+    ) * lex_range >= _KEY_LIMIT:  # the integer key would overflow: two stable sorts instead
         order = _sort_by_key(values, lexkey(idx))[:, :keep]
         return idx.gather(1, order), values.gather(1, order)
     ids = torch.arange(tied, device=weight.device).expand_as(idx)
     new_run = torch.ones_like(idx, dtype=torch.bool)
     new_run[:, 1:] = values[:, 1:] != values[:, :-1]
     run_start = torch.cummax(torch.where(new_run, ids, 0), dim=1).values
-    key = torch.where(values >= last, run_start * lex_range + lexkey(idx), torch.iinfo(torch.int64).max)
+    key = torch.where(
+        values >= last,
+        run_start * lex_range + lexkey(idx),
+        torch.iinfo(torch.int64).max,
+    )
     order = torch.topk(key, keep, dim=1, largest=False).indices
     return idx.gather(1, order), values.gather(1, order)
 
@@ -472,7 +545,9 @@ def _select_by_key(weight: torch.Tensor, lexkey, keep: int, lex_range: int, dyna
 def _sort_by_key(weight: torch.Tensor, lexkey: torch.Tensor) -> torch.Tensor:
     """Permutation [bs, C] ordering by (weight desc, lexkey asc): two stable sorts."""
     by_lex = torch.sort(lexkey, dim=1, stable=True).indices
-    by_weight = torch.sort(weight.gather(1, by_lex), dim=1, descending=True, stable=True).indices
+    by_weight = torch.sort(
+        weight.gather(1, by_lex), dim=1, descending=True, stable=True
+    ).indices
     return by_lex.gather(1, by_weight)
 
 
@@ -495,17 +570,26 @@ def _ensure_lexpos(levels: list[_Level], d: int) -> torch.Tensor:
     prev_lexpos = _ensure_lexpos(levels, d - 1)
     prev = levels[d - 1]
     valid = lvl.valid
-    count = torch.zeros_like(prev.weight, dtype=torch.int64).scatter_add_(1, lvl.parent, valid.to(torch.int64))
+    count = torch.zeros_like(prev.weight, dtype=torch.int64).scatter_add_(
+        1, lvl.parent, valid.to(torch.int64)
+    )
     count_lex = count.gather(1, prev.slot_of_lex)
     start = (torch.cumsum(count_lex, dim=1) - count_lex).gather(1, prev_lexpos)
-    slot_ids = torch.arange(lvl.weight.shape[1], device=lvl.weight.device).expand_as(lvl.parent)
+    slot_ids = torch.arange(lvl.weight.shape[1], device=lvl.weight.device).expand_as(
+        lvl.parent
+    )
     lvl.lexpos = torch.where(valid, start.gather(1, lvl.parent) + lvl.rank, slot_ids)
     lvl.slot_of_lex = _inverse_permutation(lvl.lexpos)
     return lvl.lexpos
 
 
 def _risky_pruned(
-    levels: list[_Level], level: _Level, lp_d: torch.Tensor, pairs: _Pairs, budget: int, dynamic: bool
+    levels: list[_Level],
+    level: _Level,
+    lp_d: torch.Tensor,
+    pairs: _Pairs,
+    budget: int,
+    dynamic: bool,
 ) -> torch.Tensor:
     """[bs, 1] heaviest pruned pair at this depth that might belong to its best children.
 
@@ -519,7 +603,9 @@ def _risky_pruned(
     prev = levels[-1]  # the new level is not appended yet
     k = lp_d.shape[1]
     num_parents = pairs.widths.shape[0]
-    weight = prev.weight[:, :num_parents] + lp_d.index_select(1, pairs.first_pruned)  # float rule
+    weight = prev.weight[:, :num_parents] + lp_d.index_select(
+        1, pairs.first_pruned
+    )  # float rule
     if not pairs.all_pruned:
         weight = weight.masked_fill(~pairs.has_pruned, float("-inf"))
     heaviest = weight.amax(1, keepdim=True)
@@ -527,11 +613,16 @@ def _risky_pruned(
         return heaviest
     last = level.weight[:, budget - 1 : budget]
     if dynamic and not bool((heaviest >= last).any()):
-        return heaviest  # all below the budget-th kept child, hence below the final floor
+        return (
+            heaviest  # all below the budget-th kept child, hence below the final floor
+        )
     # Pairs tied with the budget-th kept child are harmless when their lexkey is larger.
     lexpos = _ensure_lexpos(levels, len(levels) - 1)
     pruned_lex = lexpos[:, :num_parents] * k + pairs.first_pruned
-    last_lex = lexpos.gather(1, level.parent[:, budget - 1 :]) * k + level.rank[:, budget - 1 :]
+    last_lex = (
+        lexpos.gather(1, level.parent[:, budget - 1 :]) * k
+        + level.rank[:, budget - 1 :]
+    )
     cleared = (weight == last) & (pruned_lex > last_lex)
     return weight.masked_fill(cleared, float("-inf")).amax(1, keepdim=True)
 
@@ -551,8 +642,15 @@ def _preorder(levels: list[_Level]) -> list[torch.Tensor]:
         parent_lex = lvl.parent.gather(1, slot_of_lex)
         before = torch.cumsum(size_lex, dim=1) - size_lex
         group_start = torch.full_like(pre[d - 1], torch.iinfo(torch.int64).max)
-        group_start = group_start.scatter_reduce(1, parent_lex, before, reduce="amin", include_self=True)
-        pre_lex = pre[d - 1].gather(1, parent_lex) + 1 + before - group_start.gather(1, parent_lex)
+        group_start = group_start.scatter_reduce(
+            1, parent_lex, before, reduce="amin", include_self=True
+        )
+        pre_lex = (
+            pre[d - 1].gather(1, parent_lex)
+            + 1
+            + before
+            - group_start.gather(1, parent_lex)
+        )
         pre.append(torch.empty_like(pre_lex).scatter_(1, slot_of_lex, pre_lex))
     return pre
 
@@ -573,7 +671,9 @@ def _assemble(
     device = token_ids.device
     real = count_possible_nodes(depth, k, budget)
     root_token = (
-        root_tokens.to(torch.int64) if root_tokens is not None else torch.full((bs,), -1, dtype=torch.int64, device=device)
+        root_tokens.to(torch.int64)
+        if root_tokens is not None
+        else torch.full((bs,), -1, dtype=torch.int64, device=device)
     )
     if budget == 0 or len(levels) == 1:
         return _empty_batch(bs, budget + 1, budget, real, root_token, device)
@@ -589,15 +689,27 @@ def _assemble(
     order, sel_weight = _select_by_key(weight, preorder, real, 1 + sum(sizes), dynamic)
     level_of, offset_of = _level_tables(sizes, device)
     # Parents as indices into the concatenated kept levels; depth-1 parents (the root) -> -1.
-    parent_flat = torch.cat([kept[0].parent - 1] + [lvl.parent + offset_of[d] for d, lvl in enumerate(kept[1:])], dim=1)
+    parent_flat = torch.cat(
+        [kept[0].parent - 1]
+        + [lvl.parent + offset_of[d] for d, lvl in enumerate(kept[1:])],
+        dim=1,
+    )
     rank_flat = torch.cat([lvl.rank for lvl in kept], dim=1)
     sel_depth = level_of.take(order)
     sel_rank = rank_flat.gather(1, order)
     # Node index of every kept slot (0 = not selected); the root is node 0 as well.
     node_of = torch.zeros((bs, weight.shape[1] + 1), dtype=torch.int64, device=device)
-    node_of.scatter_(1, order + 1, torch.arange(1, real + 1, dtype=torch.int64, device=device).expand(bs, real))
+    node_of.scatter_(
+        1,
+        order + 1,
+        torch.arange(1, real + 1, dtype=torch.int64, device=device).expand(bs, real),
+    )
     sel_parent = node_of.gather(1, parent_flat.gather(1, order) + 1)
-    sel_token = token_ids.reshape(bs, depth * k).gather(1, (sel_depth - 1) * k + sel_rank).to(torch.int64)
+    sel_token = (
+        token_ids.reshape(bs, depth * k)
+        .gather(1, (sel_depth - 1) * k + sel_rank)
+        .to(torch.int64)
+    )
 
     return _padded_batch(
         bs,
@@ -615,7 +727,9 @@ def _assemble(
 @functools.lru_cache(maxsize=256)
 def _level_tables(sizes: tuple[int, ...], device) -> tuple[torch.Tensor, list[int]]:
     """Depth of each slot of the concatenated kept levels, and each level's first slot."""
-    level_of = torch.cat([torch.full((n,), d + 1, dtype=torch.int64) for d, n in enumerate(sizes)]).to(device)
+    level_of = torch.cat(
+        [torch.full((n,), d + 1, dtype=torch.int64) for d, n in enumerate(sizes)]
+    ).to(device)
     offsets = [0]
     for n in sizes:
         offsets.append(offsets[-1] + n)
@@ -626,15 +740,26 @@ def _padded_batch(bs: int, budget: int, real: int, device, **columns) -> DDTreeB
     """DDTreeBatch from (root value, [bs, real] nodes, padding value) per field."""
     out = {}
     for name, (root, nodes, pad) in columns.items():
-        parts = [root if torch.is_tensor(root) else torch.full((bs, 1), root, dtype=nodes.dtype, device=device), nodes]
+        parts = [
+            (
+                root
+                if torch.is_tensor(root)
+                else torch.full((bs, 1), root, dtype=nodes.dtype, device=device)
+            ),
+            nodes,
+        ]
         if real < budget:
-            parts.append(torch.full((bs, budget - real), pad, dtype=nodes.dtype, device=device))
+            parts.append(
+                torch.full((bs, budget - real), pad, dtype=nodes.dtype, device=device)
+            )
         out[name] = torch.cat(parts, dim=1)
     num_nodes = torch.full((bs,), real + 1, dtype=torch.int64, device=device)
     return DDTreeBatch(num_nodes=num_nodes, budget=budget, **out)
 
 
-def _empty_batch(bs: int, n: int, budget: int, real: int, root_token: torch.Tensor, device) -> DDTreeBatch:
+def _empty_batch(
+    bs: int, n: int, budget: int, real: int, root_token: torch.Tensor, device
+) -> DDTreeBatch:
     """All-padding batch with the root filled in."""
     neg = torch.full((bs, n), -1, dtype=torch.int64, device=device)
     batch = DDTreeBatch(
@@ -642,7 +767,9 @@ def _empty_batch(bs: int, n: int, budget: int, real: int, root_token: torch.Tens
         depths=neg.clone(),
         parents=neg.clone(),
         ranks=neg.clone(),
-        node_logws=torch.full((bs, n), float("-inf"), dtype=torch.float64, device=device),
+        node_logws=torch.full(
+            (bs, n), float("-inf"), dtype=torch.float64, device=device
+        ),
         num_nodes=torch.full((bs,), real + 1, dtype=torch.int64, device=device),
         budget=budget,
     )

@@ -42,7 +42,11 @@ class DDTreeRetrieve:
 
 
 def _as_batch(parents: torch.Tensor) -> torch.Tensor:
-    return parents.unsqueeze(0) if isinstance(parents, torch.Tensor) and parents.dim() == 1 else parents
+    return (
+        parents.unsqueeze(0)
+        if isinstance(parents, torch.Tensor) and parents.dim() == 1
+        else parents
+    )
 
 
 def compile_ddtree_retrieve(
@@ -74,28 +78,49 @@ def compile_ddtree_retrieve(
     bs, n = parents.shape
     device = parents.device
     slot = torch.arange(n, dtype=torch.int64, device=device).expand(bs, n)
-    retrieve_index = slot + torch.arange(bs, dtype=torch.int64, device=device)[:, None] * n
-    order = _sibling_order(parents, node_logws)  # children grouped by parent, in sibling order
+    retrieve_index = (
+        slot + torch.arange(bs, dtype=torch.int64, device=device)[:, None] * n
+    )
+    order = _sibling_order(
+        parents, node_logws
+    )  # children grouped by parent, in sibling order
     par_sorted = parents.gather(1, order)
     is_child = par_sorted >= 0
     next_in_order = torch.cat([order[:, 1:], torch.full_like(order[:, :1], -1)], dim=1)
-    next_par = torch.cat([par_sorted[:, 1:], torch.full_like(par_sorted[:, :1], -2)], dim=1)
+    next_par = torch.cat(
+        [par_sorted[:, 1:], torch.full_like(par_sorted[:, :1], -2)], dim=1
+    )
     sibling_sorted = torch.where(is_child & (next_par == par_sorted), next_in_order, -1)
     next_sibling = torch.full_like(parents, -1).scatter_(1, order, sibling_sorted)
-    prev_par = torch.cat([torch.full_like(par_sorted[:, :1], -2), par_sorted[:, :-1]], dim=1)
+    prev_par = torch.cat(
+        [torch.full_like(par_sorted[:, :1], -2), par_sorted[:, :-1]], dim=1
+    )
     first = is_child & (prev_par != par_sorted)
     # Scatter each first child into its parent's slot; non-first entries go to a dump column.
     target = torch.where(first, par_sorted, n)
     next_token = torch.full((bs, n + 1), -1, dtype=torch.int64, device=device)
     next_token.scatter_(1, target, torch.where(first, order, -1))
-    result = DDTreeRetrieve(retrieve_index, next_token[:, :n].contiguous(), next_sibling)
+    result = DDTreeRetrieve(
+        retrieve_index, next_token[:, :n].contiguous(), next_sibling
+    )
     if single:
-        return DDTreeRetrieve(*(t[0] for t in (result.retrieve_index, result.retrieve_next_token, result.retrieve_next_sibling)))
+        return DDTreeRetrieve(
+            *(
+                t[0]
+                for t in (
+                    result.retrieve_index,
+                    result.retrieve_next_token,
+                    result.retrieve_next_sibling,
+                )
+            )
+        )
     return result
 
 
 def _tree_arrays(
-    tree: Union[torch.Tensor, Any], node_logws: Optional[torch.Tensor], budget: Optional[int]
+    tree: Union[torch.Tensor, Any],
+    node_logws: Optional[torch.Tensor],
+    budget: Optional[int],
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(parents, node_logws) from tensors or a built tree, padded to budget + 1 slots if asked."""
     parents = tree
@@ -103,25 +128,47 @@ def _tree_arrays(
         parents = tree.parents
         if node_logws is None and getattr(tree, "node_logws", None) is not None:
             node_logws = tree.node_logws
-            if node_logws.shape[-1] == parents.shape[-1] - 1:  # a heap result omits the root's 0.0
-                root = torch.zeros(node_logws.shape[:-1] + (1,), dtype=node_logws.dtype, device=node_logws.device)
+            if (
+                node_logws.shape[-1] == parents.shape[-1] - 1
+            ):  # a heap result omits the root's 0.0
+                root = torch.zeros(
+                    node_logws.shape[:-1] + (1,),
+                    dtype=node_logws.dtype,
+                    device=node_logws.device,
+                )
                 node_logws = torch.cat([root, node_logws], dim=-1)
     if budget is not None and isinstance(parents, torch.Tensor):
-        if isinstance(budget, bool) or not isinstance(budget, int) or budget + 1 < parents.shape[-1]:
-            raise ValueError(f"expected budget >= {parents.shape[-1] - 1} (the tree's nodes), got {budget}")
+        if (
+            isinstance(budget, bool)
+            or not isinstance(budget, int)
+            or budget + 1 < parents.shape[-1]
+        ):
+            raise ValueError(
+                f"expected budget >= {parents.shape[-1] - 1} (the tree's nodes), got {budget}"
+            )
         pad = budget + 1 - parents.shape[-1]
         parents = torch.nn.functional.pad(parents, (0, pad), value=-1)
         if node_logws is not None:
-            node_logws = torch.nn.functional.pad(node_logws.to(torch.float64), (0, pad), value=float("-inf"))
+            node_logws = torch.nn.functional.pad(
+                node_logws.to(torch.float64), (0, pad), value=float("-inf")
+            )
     return parents, node_logws
 
 
-def _sibling_order(parents: torch.Tensor, node_logws: Optional[torch.Tensor]) -> torch.Tensor:
+def _sibling_order(
+    parents: torch.Tensor, node_logws: Optional[torch.Tensor]
+) -> torch.Tensor:
     """Slots sorted by (parent, -log-weight, slot); roots/padding (parent -1) first."""
     bs, n = parents.shape
-    order = torch.arange(n, dtype=torch.int64, device=parents.device).expand(bs, n).contiguous()
+    order = (
+        torch.arange(n, dtype=torch.int64, device=parents.device)
+        .expand(bs, n)
+        .contiguous()
+    )
     if node_logws is not None:
-        by_weight = torch.sort(node_logws.to(torch.float64), dim=1, descending=True, stable=True).indices
+        by_weight = torch.sort(
+            node_logws.to(torch.float64), dim=1, descending=True, stable=True
+        ).indices
         order = by_weight
     by_parent = torch.sort(parents.gather(1, order), dim=1, stable=True).indices
     return order.gather(1, by_parent)
@@ -135,7 +182,9 @@ def ddtree_positions(depths: torch.Tensor, prefix_lens: torch.Tensor) -> torch.T
     depths = _as_batch(depths)
     check_tree_tensors(depths)
     check_int_vector("prefix_lens", prefix_lens, depths.shape[0])
-    return (prefix_lens.to(torch.int64)[:, None] + depths.to(torch.int64).clamp(min=0)).reshape(-1)
+    return (
+        prefix_lens.to(torch.int64)[:, None] + depths.to(torch.int64).clamp(min=0)
+    ).reshape(-1)
 
 
 def ddtree_ancestor_mask(parents: torch.Tensor, validate: bool = True) -> torch.Tensor:
@@ -154,8 +203,14 @@ def ddtree_ancestor_mask(parents: torch.Tensor, validate: bool = True) -> torch.
     device = parents.device
     # Column n is a sink for "no parent" so gathers never go out of range.
     jump = torch.where(parents >= 0, parents.to(torch.int64), n)
-    jump = torch.cat([jump, torch.full((bs, 1), n, dtype=torch.int64, device=device)], dim=1)
-    reach = torch.eye(n + 1, dtype=torch.bool, device=device).expand(bs, n + 1, n + 1).clone()
+    jump = torch.cat(
+        [jump, torch.full((bs, 1), n, dtype=torch.int64, device=device)], dim=1
+    )
+    reach = (
+        torch.eye(n + 1, dtype=torch.bool, device=device)
+        .expand(bs, n + 1, n + 1)
+        .clone()
+    )
     reach[:, :, n] = False
     steps = 1
     while steps < n:
@@ -169,7 +224,10 @@ def ddtree_ancestor_mask(parents: torch.Tensor, validate: bool = True) -> torch.
 
 
 def ddtree_full_mask(
-    parents: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: Optional[int] = None, validate: bool = True
+    parents: torch.Tensor,
+    seq_lens: torch.Tensor,
+    seq_lens_sum: Optional[int] = None,
+    validate: bool = True,
 ) -> torch.Tensor:
     """SGLang FULL_MASK: bool [seq_lens_sum * N + bs * N * N], see the module docstring.
 
@@ -183,7 +241,9 @@ def ddtree_full_mask(
     seq_lens = seq_lens.to(device=parents.device, dtype=torch.int64)
     if seq_lens_sum is None:
         seq_lens_sum = int(seq_lens.sum())
-    mask = torch.ones(seq_lens_sum * n + bs * n * n, dtype=torch.bool, device=parents.device)
+    mask = torch.ones(
+        seq_lens_sum * n + bs * n * n, dtype=torch.bool, device=parents.device
+    )
     # Block b starts after the blocks of requests 0..b-1, each N * (seq_len + N) long.
     block = n * (seq_lens + n)
     start = torch.cumsum(block, dim=0) - block

@@ -28,7 +28,9 @@ def _sort_desc_lower_id_first(values: torch.Tensor, ids: torch.Tensor) -> torch.
     """Permutation [T, C] by (value desc, id asc); ids -1 (missing) go last."""
     id_key = torch.where(ids < 0, torch.iinfo(torch.int64).max, ids)
     by_id = torch.sort(id_key, dim=1, stable=True).indices
-    by_value = torch.sort(values.gather(1, by_id), dim=1, descending=True, stable=True).indices
+    by_value = torch.sort(
+        values.gather(1, by_id), dim=1, descending=True, stable=True
+    ).indices
     return by_id.gather(1, by_value)
 
 
@@ -41,14 +43,22 @@ def ddtree_shard_topk(
     Ties inside the shard go to the lower id (a stable sort), so the merge is deterministic.
     """
     if shard_logits.dim() != 2:
-        raise ValueError(f"expected shard_logits of shape [T, V_shard], got {tuple(shard_logits.shape)}")
+        raise ValueError(
+            f"expected shard_logits of shape [T, V_shard], got {tuple(shard_logits.shape)}"
+        )
     if not 0 <= real_rows <= shard_logits.shape[1]:
-        raise ValueError(f"expected 0 <= real_rows <= V_shard = {shard_logits.shape[1]}, got {real_rows}")
+        raise ValueError(
+            f"expected 0 <= real_rows <= V_shard = {shard_logits.shape[1]}, got {real_rows}"
+        )
     if k < 1:
         raise ValueError(f"expected k >= 1, got {k}")
     rows = shard_logits.shape[0]
     real = shard_logits[:, :real_rows].to(torch.float32)
-    lse = torch.logsumexp(real, dim=1) if real_rows > 0 else torch.full((rows,), float("-inf"), device=real.device)
+    lse = (
+        torch.logsumexp(real, dim=1)
+        if real_rows > 0
+        else torch.full((rows,), float("-inf"), device=real.device)
+    )
     order = torch.sort(real, dim=1, descending=True, stable=True).indices[:, :k]
     top = real.gather(1, order)
     ids = order.to(torch.int64) + vocab_start
@@ -60,7 +70,10 @@ def ddtree_shard_topk(
 
 
 def merge_ddtree_topk(
-    top_logits: Sequence[torch.Tensor], top_ids: Sequence[torch.Tensor], lses: Sequence[torch.Tensor], k: int
+    top_logits: Sequence[torch.Tensor],
+    top_ids: Sequence[torch.Tensor],
+    lses: Sequence[torch.Tensor],
+    k: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge R shard triples into (log_probs float32 [T, k], token_ids int64 [T, k]).
 
@@ -68,10 +81,17 @@ def merge_ddtree_topk(
     lses[r]: float [T]. Raises ValueError when fewer than k real candidates exist.
     """
     if not (len(top_logits) == len(top_ids) == len(lses)) or len(lses) == 0:
-        raise ValueError("expected one (top_logits [T, k], top_ids [T, k], lse [T]) triple per shard")
+        raise ValueError(
+            "expected one (top_logits [T, k], top_ids [T, k], lse [T]) triple per shard"
+        )
     rows = lses[0].shape[0]
     for r, (vals, ids, lse) in enumerate(zip(top_logits, top_ids, lses)):
-        if vals.dim() != 2 or vals.shape[0] != rows or ids.shape != vals.shape or lse.shape != (rows,):
+        if (
+            vals.dim() != 2
+            or vals.shape[0] != rows
+            or ids.shape != vals.shape
+            or lse.shape != (rows,)
+        ):
             raise ValueError(
                 f"expected shard {r}: top_logits and top_ids [{rows}, k_r], lse [{rows}], got "
                 f"{tuple(vals.shape)}, {tuple(ids.shape)}, {tuple(lse.shape)}"
@@ -79,10 +99,16 @@ def merge_ddtree_topk(
     values = torch.cat([v.to(torch.float32) for v in top_logits], dim=1)
     ids = torch.cat([i.to(torch.int64) for i in top_ids], dim=1)
     if values.shape[1] < k:
-        raise ValueError(f"expected at least k = {k} candidates over all shards, got {values.shape[1]}")
-    lse = torch.logsumexp(torch.stack([l.to(torch.float32) for l in lses], dim=0), dim=0)
+        raise ValueError(
+            f"expected at least k = {k} candidates over all shards, got {values.shape[1]}"
+        )
+    lse = torch.logsumexp(
+        torch.stack([l.to(torch.float32) for l in lses], dim=0), dim=0
+    )
     order = _sort_desc_lower_id_first(values, ids)[:, :k]
     best_ids = ids.gather(1, order)
     if bool((best_ids < 0).any()):
-        raise ValueError(f"expected at least k = {k} real vocabulary rows over all shards")
+        raise ValueError(
+            f"expected at least k = {k} real vocabulary rows over all shards"
+        )
     return values.gather(1, order) - lse[:, None], best_ids

@@ -27,7 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang.srt.speculative.ddtree_checks import check_budget, check_draft_shapes, check_draft_values
+from sglang.srt.speculative.ddtree_checks import (
+    check_budget,
+    check_draft_shapes,
+    check_draft_values,
+)
 
 
 @dataclass
@@ -73,7 +77,9 @@ def build_ddtree_tree_from_topk(
     return _pop_nodes(lp, ids, budget)
 
 
-def _pop_nodes(lp: list[list[float]], ids: list[list[int]], budget: int) -> DDTreeBuildResult:
+def _pop_nodes(
+    lp: list[list[float]], ids: list[list[int]], budget: int
+) -> DDTreeBuildResult:
     """The heap loop itself; weights are Python floats (IEEE float64), formed root -> leaf."""
     depth_limit, k = len(lp), len(lp[0])
     weights, parents, depths, ranks, tokens = [0.0], [-1], [0], [-1], []

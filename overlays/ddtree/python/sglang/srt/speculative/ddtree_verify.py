@@ -59,15 +59,21 @@ class DDTreeVerifyResult:
     accept_slots: torch.Tensor
 
 
-def _check_verify_inputs(candidates: torch.Tensor, retrieve: DDTreeRetrieve, num_speculative_tokens: int) -> None:
+def _check_verify_inputs(
+    candidates: torch.Tensor, retrieve: DDTreeRetrieve, num_speculative_tokens: int
+) -> None:
     if not isinstance(candidates, torch.Tensor) or candidates.dim() != 2:
         raise ValueError("expected candidates of shape [bs, N]")
     for name in ("retrieve_index", "retrieve_next_token", "retrieve_next_sibling"):
         tensor = getattr(retrieve, name)
         if tensor.shape != candidates.shape:
-            raise ValueError(f"expected {name} of shape {tuple(candidates.shape)} (as candidates [bs, N]), got {tuple(tensor.shape)}")
+            raise ValueError(
+                f"expected {name} of shape {tuple(candidates.shape)} (as candidates [bs, N]), got {tuple(tensor.shape)}"
+            )
     if num_speculative_tokens < 1:
-        raise ValueError(f"expected num_speculative_tokens >= 1 (max depth + 1), got {num_speculative_tokens}")
+        raise ValueError(
+            f"expected num_speculative_tokens >= 1 (max depth + 1), got {num_speculative_tokens}"
+        )
 
 
 def _alloc_outputs(bs: int, n: int, s: int, device: torch.device):
@@ -85,8 +91,12 @@ def _finish(predicts, accept_index, accept_token_num, n: int) -> DDTreeVerifyRes
     glob = accept_index.to(torch.int64)
     emitted = torch.where(used, predicts.to(torch.int64)[glob.clamp(min=0)], -1)
     bonus = emitted.gather(1, num[:, None])[:, 0]
-    slots = torch.where(used, glob - torch.arange(bs, device=glob.device)[:, None] * n, -1)
-    return DDTreeVerifyResult(predicts, accept_index, accept_token_num, emitted, bonus, slots)
+    slots = torch.where(
+        used, glob - torch.arange(bs, device=glob.device)[:, None] * n, -1
+    )
+    return DDTreeVerifyResult(
+        predicts, accept_index, accept_token_num, emitted, bonus, slots
+    )
 
 
 def verify_tree_greedy_torch(
@@ -112,11 +122,17 @@ def verify_tree_greedy_torch(
     last = retrive_index[:, 0].to(torch.int64)
     accept_index[:, 0] = last.to(accept_index.dtype)
     num = torch.zeros(bs, dtype=torch.int64, device=dev)
-    cur = retrive_next_token[:, 0].to(torch.int64) if s > 1 else torch.full((bs,), -1, dtype=torch.int64, device=dev)
+    cur = (
+        retrive_next_token[:, 0].to(torch.int64)
+        if s > 1
+        else torch.full((bs,), -1, dtype=torch.int64, device=dev)
+    )
     path = torch.full((bs, s + 1), -1, dtype=torch.int64, device=dev)  # column s: dump
     for _ in range(n):
         active = cur >= 0
-        if not cur.is_cuda and not bool(active.any()):  # CPU: no device to sync, stop early
+        if not cur.is_cuda and not bool(
+            active.any()
+        ):  # CPU: no device to sync, stop early
             break
         safe = cur.clamp(min=0)
         match = active & (candidates[rows, safe].to(torch.int64) == target_flat[last])
@@ -124,17 +140,35 @@ def verify_tree_greedy_torch(
         path.scatter_(1, torch.where(match, num + 1, s)[:, None], glob[:, None])
         num = num + match.to(torch.int64)
         last = torch.where(match, glob, last)
-        descend = torch.where(num < s - 1, retrive_next_token[rows, safe].to(torch.int64), -1)
-        cur = torch.where(match, descend, torch.where(active, retrive_next_sibling[rows, safe].to(torch.int64), -1))
+        descend = torch.where(
+            num < s - 1, retrive_next_token[rows, safe].to(torch.int64), -1
+        )
+        cur = torch.where(
+            match,
+            descend,
+            torch.where(active, retrive_next_sibling[rows, safe].to(torch.int64), -1),
+        )
     cols = torch.arange(1, s, device=dev)[None, :]
     accepted = cols <= num[:, None]
-    accept_index[:, 1:] = torch.where(accepted, path[:, 1:s], accept_index[:, 1:].to(torch.int64)).to(accept_index.dtype)
+    accept_index[:, 1:] = torch.where(
+        accepted, path[:, 1:s], accept_index[:, 1:].to(torch.int64)
+    ).to(accept_index.dtype)
     # Greedy: the token after an accepted slot is the target argmax there.
-    _write_predicts(predicts, accept_index, num, target_flat[accept_index.to(torch.int64).clamp(min=0)])
+    _write_predicts(
+        predicts,
+        accept_index,
+        num,
+        target_flat[accept_index.to(torch.int64).clamp(min=0)],
+    )
     accept_token_num.copy_(num.to(accept_token_num.dtype))
 
 
-def _write_predicts(predicts: torch.Tensor, accept_index: torch.Tensor, num: torch.Tensor, values: torch.Tensor) -> None:
+def _write_predicts(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    num: torch.Tensor,
+    values: torch.Tensor,
+) -> None:
     """predicts[accept_index[b, k]] = values[b, k] for k <= num[b]; others go to a dump slot."""
     bs, s = accept_index.shape
     used = torch.arange(s, device=num.device)[None, :] <= num[:, None]
@@ -189,12 +223,18 @@ def tree_speculative_sampling_target_only_torch(
     coin = coins[prob_row]
     prob_acc = torch.zeros(bs, dtype=f32, device=dev)
     num = torch.zeros(bs, dtype=torch.int64, device=dev)
-    cur = retrive_next_token[:, 0].to(torch.int64) if s > 1 else torch.full((bs,), -1, dtype=torch.int64, device=dev)
+    cur = (
+        retrive_next_token[:, 0].to(torch.int64)
+        if s > 1
+        else torch.full((bs,), -1, dtype=torch.int64, device=dev)
+    )
     path = torch.full((bs, s + 1), -1, dtype=torch.int64, device=dev)
     tokens_out = torch.full((bs, s + 1), -1, dtype=torch.int64, device=dev)
     for _ in range(n):
         active = cur >= 0
-        if not cur.is_cuda and not bool(active.any()):  # CPU: no device to sync, stop early
+        if not cur.is_cuda and not bool(
+            active.any()
+        ):  # CPU: no device to sync, stop early
             break
         safe = cur.clamp(min=0)
         token = candidates[rows, safe].to(torch.int64)
@@ -203,7 +243,9 @@ def tree_speculative_sampling_target_only_torch(
         accept = active & (p > 0) & ((coin < prob_acc / thr_acc) | (p >= thr_single))
         reject = active & ~accept
         # A rejected sibling's target prob moves into draft_probs (the kernel's residual).
-        dp[prob_row, token] = torch.where(reject, tp[prob_row, token], dp[prob_row, token])
+        dp[prob_row, token] = torch.where(
+            reject, tp[prob_row, token], dp[prob_row, token]
+        )
         glob = retrive_index[rows, safe].to(torch.int64)
         col = torch.where(accept, num + 1, s)[:, None]
         path.scatter_(1, col, glob[:, None])
@@ -213,13 +255,26 @@ def tree_speculative_sampling_target_only_torch(
         prob_row = torch.where(accept, rows * n + safe, prob_row)
         coin = torch.where(accept, coins[rows * n + safe], coin)
         prob_acc = torch.where(accept, torch.zeros_like(prob_acc), prob_acc)
-        descend = torch.where(num < s - 1, retrive_next_token[rows, safe].to(torch.int64), -1)
-        cur = torch.where(accept, descend, torch.where(active, retrive_next_sibling[rows, safe].to(torch.int64), -1))
+        descend = torch.where(
+            num < s - 1, retrive_next_token[rows, safe].to(torch.int64), -1
+        )
+        cur = torch.where(
+            accept,
+            descend,
+            torch.where(active, retrive_next_sibling[rows, safe].to(torch.int64), -1),
+        )
 
-    bonus = _sample_residual(tp[prob_row], dp[prob_row], num < s - 1, uniform_samples_for_final_sampling.to(f32))
+    bonus = _sample_residual(
+        tp[prob_row],
+        dp[prob_row],
+        num < s - 1,
+        uniform_samples_for_final_sampling.to(f32),
+    )
     cols = torch.arange(1, s, device=dev)[None, :]
     accepted = cols <= num[:, None]
-    accept_index[:, 1:] = torch.where(accepted, path[:, 1:s], accept_index[:, 1:].to(torch.int64)).to(accept_index.dtype)
+    accept_index[:, 1:] = torch.where(
+        accepted, path[:, 1:s], accept_index[:, 1:].to(torch.int64)
+    ).to(accept_index.dtype)
     tokens_out.scatter_(1, num[:, None], bonus[:, None])
     _write_predicts(predicts, accept_index, num, tokens_out[:, :s])
     accept_token_num.copy_(num.to(accept_token_num.dtype))
@@ -227,7 +282,10 @@ def tree_speculative_sampling_target_only_torch(
 
 def _check_thresholds(threshold_single: float, threshold_acc: float) -> None:
     """The kernel host wrapper's range checks (``CHECK_HOST`` in SGLang's csrc sampling.cuh)."""
-    for name, value in (("threshold_single", threshold_single), ("threshold_acc", threshold_acc)):
+    for name, value in (
+        ("threshold_single", threshold_single),
+        ("threshold_acc", threshold_acc),
+    ):
         if not 0.0 <= float(value) <= 1.0:
             raise ValueError(f"expected {name} in [0, 1], got {value}")
 
@@ -244,7 +302,9 @@ def _clamped_threshold_acc(threshold_acc: float, device: torch.device) -> torch.
     return torch.maximum(value, floor).to(device)
 
 
-def _sample_residual(q: torch.Tensor, p: torch.Tensor, use_draft: torch.Tensor, coin: torch.Tensor) -> torch.Tensor:
+def _sample_residual(
+    q: torch.Tensor, p: torch.Tensor, use_draft: torch.Tensor, coin: torch.Tensor
+) -> torch.Tensor:
     """Kernel's final draw, batched: first index with relu(q - p) > 0 and cdf > coin * sum.
 
     q, p float32 [bs, V]; use_draft bool [bs] (False: the draft term is zero); coin [bs].
@@ -268,7 +328,9 @@ def _sglang_kernel(name: str):
     """SGLang's JIT op ``name`` on CUDA, or None where it does not import (lazy by design)."""
     try:
         if name == "sampling":
-            from sglang.kernels.ops.speculative.sampling import tree_speculative_sampling_target_only as op
+            from sglang.kernels.ops.speculative.sampling import (
+                tree_speculative_sampling_target_only as op,
+            )
         else:
             from sglang.kernels.ops.speculative.tree import verify_tree_greedy as op
     except Exception:  # no SGLang, no JIT toolchain: the torch twin runs instead
@@ -290,12 +352,19 @@ def ddtree_verify_greedy(
     """
     _check_verify_inputs(candidates, retrieve, num_speculative_tokens)
     if target_predict.shape != candidates.shape:
-        raise ValueError(f"expected target_predict of shape {tuple(candidates.shape)} ([bs, N]), got {tuple(target_predict.shape)}")
+        raise ValueError(
+            f"expected target_predict of shape {tuple(candidates.shape)} ([bs, N]), got {tuple(target_predict.shape)}"
+        )
     bs, n = candidates.shape
     outs = _alloc_outputs(bs, n, num_speculative_tokens, candidates.device)
     op = _pick(use_kernel, candidates, "greedy")
-    args = (candidates.to(torch.int64), retrieve.retrieve_index, retrieve.retrieve_next_token,
-            retrieve.retrieve_next_sibling, target_predict.to(torch.int64))
+    args = (
+        candidates.to(torch.int64),
+        retrieve.retrieve_index,
+        retrieve.retrieve_next_token,
+        retrieve.retrieve_next_sibling,
+        target_predict.to(torch.int64),
+    )
     if op is not None:
         op(*outs, *args)
     else:
@@ -324,21 +393,43 @@ def ddtree_verify_sampling(
     _check_verify_inputs(candidates, retrieve, num_speculative_tokens)
     bs, n = candidates.shape
     if target_probs.dim() != 3 or target_probs.shape[:2] != (bs, n):
-        raise ValueError(f"expected target_probs of shape [{bs}, {n}, V], got {tuple(target_probs.shape)}")
-    if uniform_samples.shape != (bs, n) or uniform_samples_for_final_sampling.shape != (bs,):
-        raise ValueError(f"expected uniform_samples [{bs}, {n}] and uniform_samples_for_final_sampling [{bs}]")
+        raise ValueError(
+            f"expected target_probs of shape [{bs}, {n}, V], got {tuple(target_probs.shape)}"
+        )
+    if uniform_samples.shape != (bs, n) or uniform_samples_for_final_sampling.shape != (
+        bs,
+    ):
+        raise ValueError(
+            f"expected uniform_samples [{bs}, {n}] and uniform_samples_for_final_sampling [{bs}]"
+        )
     target_probs = target_probs.to(torch.float32).contiguous()
     if draft_probs is None:
         draft_probs = torch.zeros_like(target_probs)
-    elif draft_probs.shape != target_probs.shape or draft_probs.dtype != torch.float32 or not draft_probs.is_contiguous():
-        raise ValueError(f"expected draft_probs contiguous float32 of shape {tuple(target_probs.shape)} (it is written in place)")
+    elif (
+        draft_probs.shape != target_probs.shape
+        or draft_probs.dtype != torch.float32
+        or not draft_probs.is_contiguous()
+    ):
+        raise ValueError(
+            f"expected draft_probs contiguous float32 of shape {tuple(target_probs.shape)} (it is written in place)"
+        )
     outs = _alloc_outputs(bs, n, num_speculative_tokens, candidates.device)
     op = _pick(use_kernel, candidates, "sampling")
     fn = op if op is not None else tree_speculative_sampling_target_only_torch
-    fn(*outs, candidates.to(torch.int64), retrieve.retrieve_index, retrieve.retrieve_next_token,
-       retrieve.retrieve_next_sibling, uniform_samples.to(torch.float32).contiguous(),
-       uniform_samples_for_final_sampling.to(torch.float32).contiguous(), target_probs, draft_probs,
-       threshold_single, threshold_acc, True)
+    fn(
+        *outs,
+        candidates.to(torch.int64),
+        retrieve.retrieve_index,
+        retrieve.retrieve_next_token,
+        retrieve.retrieve_next_sibling,
+        uniform_samples.to(torch.float32).contiguous(),
+        uniform_samples_for_final_sampling.to(torch.float32).contiguous(),
+        target_probs,
+        draft_probs,
+        threshold_single,
+        threshold_acc,
+        True,
+    )
     return _finish(*outs, n)
 
 
@@ -347,5 +438,7 @@ def _pick(use_kernel: Optional[bool], like: torch.Tensor, name: str):
         return None
     op = _sglang_kernel(name) if like.is_cuda else None
     if op is None and use_kernel:
-        raise ValueError(f"use_kernel=True needs CUDA tensors and SGLang's {name} verify kernel")
+        raise ValueError(
+            f"use_kernel=True needs CUDA tensors and SGLang's {name} verify kernel"
+        )
     return op
