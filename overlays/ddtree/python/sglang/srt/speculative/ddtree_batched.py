@@ -1,60 +1,57 @@
 """Batched DDTree builder: the heap builder's trees for [bs, L, K] drafts, as tensor ops.
 
 Output contract (``DDTreeBatch``; N = budget + 1 slots per request, slot 0 = root):
-  tokens      int64   [bs, N]  slot 0 = root_tokens[b] (or -1 when none given); drafted nodes
-                               1..n in heap order; padding -1
+  tokens      int64   [bs, N]  slot 0 = root_tokens[b] (or -1 when none given);
+                               drafted nodes 1..n in heap order; padding -1
   depths      int64   [bs, N]  root 0, nodes 1..L, padding -1
   parents     int64   [bs, N]  root -1, node i -> parent slot (< i), padding -1
-  ranks       int64   [bs, N]  rank of the node's token at its depth (0..K-1); root and padding -1
+  ranks       int64   [bs, N]  rank of the node's token at its depth (0..K-1);
+                               root and padding -1
   node_logws  float64 [bs, N]  path log-weight; root 0.0, padding -inf
   num_nodes   int64   [bs]     real slots including the root: 1 + min(budget, sum_d K^d)
-All tensors live on the input's device. Padding appears only when the draft holds fewer than
-``budget`` nodes in total (sum over d of K^d < budget); real nodes always fill 0..n.
+All tensors live on the input's device. Padding appears only when the draft holds fewer
+than ``budget`` nodes in total (sum over d of K^d < budget); real nodes fill 0..n.
 
-Node order and tie-break: exactly ``ddtree_tree.build_ddtree_tree_from_topk`` (heap order =
-increasing key (-weight, rank tuple), rank tuples compared lexicographically, a prefix first).
+Node order and tie-break: exactly ``ddtree_tree.build_ddtree_tree_from_topk`` (heap
+order = increasing key (-weight, rank tuple), rank tuples compared lexicographically, a
+prefix first).
 
 Float rule (any re-implementation, e.g. the CUDA kernel, must follow it to match bit for
-bit): log-probs are cast to float64; a node's weight is ``weight(parent) + lp64[d - 1, rank]``
-with root weight 0.0, one IEEE round-to-nearest float64 add per edge, formed root -> leaf
-(never re-associated, no FMA, no float32 accumulation). Weights compare with ``>``/``==``
-on those float64 values.
+bit): log-probs are cast to float64; a node's weight is
+``weight(parent) + lp64[d - 1, rank]`` with root weight 0.0, one IEEE round-to-nearest
+float64 add per edge, formed root -> leaf (never re-associated, no FMA, no float32
+accumulation). Weights compare with ``>``/``==`` on those float64 values.
 
-Algorithm (why a tensor version can be exact): a node's key is larger than its parent's and
-its previous sibling's, so the heap pops nodes in global key order and the tree is the
-``budget`` smallest keys over all nodes. Per depth d we keep the best B (= budget) children
-of the nodes kept at depth d - 1, where a child's weight is parent weight + lp[d - 1, j].
+Algorithm (why a tensor version can be exact): a node's key is larger than its parent's
+and its previous sibling's, so the heap pops nodes in global key order and the tree is
+the ``budget`` smallest keys over all nodes. Per depth d we keep the best B (= budget)
+children of the nodes kept at depth d - 1, where a child's weight is
+parent weight + lp[d - 1, j].
 
-Pruning, three kinds:
-  * the floor (exact, no counting argument): the B-th best weight among the nodes kept so
-    far (B distinct real nodes). A node strictly below it has B nodes with smaller keys, and so do its descendants (rounding is monotone
-    and log-probs are <= 0, so a child never outweighs its parent). Candidates below the
-    floor are dropped; parents below it get no children; the loop stops at the first depth
-    where no row has a candidate left.
-  * rank B and beyond: such a child has B better siblings (exact).
-  * the pair rule: with parents in key order (slot i), only pairs with (i + 1) * (j + 1) <= B
-    can be among the best B in exact arithmetic. Float64 rounding can merge two sums and
-    break that counting argument, so each parent's first pair the rule cut is certified:
-    its key must be larger than the B-th kept child's at that depth, or its weight below the
-    final floor. If not, the build is redone without the pair rule, which is exact without
-    any counting argument. Exact ties never fail the certificate (keys are compared in
-    full); only rounding merges can (tests build such drafts).
+Pruning, two kinds, both exact without any counting argument on float sums:
+  * the floor: the B-th best weight among the nodes kept so far (B distinct real
+    nodes). A node strictly below it has B nodes with smaller keys, and so do its
+    descendants (rounding is monotone and log-probs are <= 0, so a child never outweighs
+    its parent). Candidates below the floor are dropped; parents below it get no
+    children; the loop stops at the first depth where no row has a candidate left.
+  * rank B and beyond: such a child has B better siblings.
 Selection: one topk by weight; when the best weights are all distinct that is key order.
 When weights tie, the entries at or above the boundary weight are ordered by an exact
 integer key (start of their run of equal weights, lexicographic key). Keys inside a depth
-use the per-depth lexicographic position of the parent's rank tuple; keys across depths use
-the preorder index of the kept-node trie (= lexicographic order of rank tuples with
+use the per-depth lexicographic position of the parent's rank tuple; keys across depths
+use the preorder index of the kept-node trie (= lexicographic order of rank tuples with
 prefixes first); both are only computed when weights tie.
 
-On CPU the builder reads small values back (free there) to shrink each depth to the parents
-and ranks that can reach the floor, to stop early and to skip tie work when nothing ties. On
-an accelerator it runs the same code with fixed shapes and no host reads except the one for
-the certificate (``_host_reads``); the outputs are identical either way.
+Where it runs: on CPU (serving has no CUDA kernel there) it reads small values back
+(free on CPU) to shrink each depth to the parents and ranks that can reach the floor, to
+stop early and to skip tie work when nothing ties; one request (bs = 1) runs the heap
+loop itself. On CUDA it is only the fallback for drafts the JIT kernel does not take
+(``ddtree_kernel.supports``); there it runs the same code with fixed shapes and no host
+reads at all (``_host_reads``). The outputs are identical either way.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Optional
@@ -175,14 +172,11 @@ def _build_torch(
     budget: int,
     root_tokens: Optional[torch.Tensor],
 ) -> DDTreeBatch:
-    """The tensor-op builder: pruned selection, certified; unpruned fallback if needed."""
+    """The tensor-op builder (the heap loop for one request on CPU)."""
     lp = log_probs.detach().to(torch.float64)
     if lp.shape[0] == 1 and _host_reads(lp.device):
         return _build_single(lp, token_ids, budget, root_tokens)
-    result, certified = _select_trees(lp, token_ids, budget, root_tokens, prune=True)
-    if not bool(certified):  # rare: a float64 rounding merge defeated the pair pruning
-        result, _ = _select_trees(lp, token_ids, budget, root_tokens, prune=False)
-    return result
+    return _select_trees(lp, token_ids, budget, root_tokens)
 
 
 def _build_single(
@@ -224,7 +218,7 @@ def _host_reads(device: torch.device) -> bool:
     On CPU a read is free, and it lets the builder shrink every depth to the parents and
     ranks that can still reach the tree, stop at the last useful depth, and skip the
     tie-breaking work when no weights tie. On an accelerator each read is a sync, so there
-    the builder runs fixed shapes (same results, more work) and reads once, at the end.
+    the builder runs fixed shapes (same results, more work) and never reads back.
     """
     return device.type == "cpu"
 
@@ -234,43 +228,27 @@ def _select_trees(
     token_ids: torch.Tensor,
     budget: int,
     root_tokens: Optional[torch.Tensor],
-    prune: bool,
-) -> tuple[DDTreeBatch, torch.Tensor]:
-    """Select the budget best nodes; returns the batch and a 0-dim bool certificate."""
+) -> DDTreeBatch:
+    """Select the budget best nodes of every request; lp is float64 [bs, L, K]."""
     bs, depth, k = lp.shape
     device = lp.device
     dynamic = _host_reads(device)
     levels = [_root_level(bs, device)]
-    risky: list[torch.Tensor] = (
-        []
-    )  # per depth: heaviest pruned pair not cleared (_risky_pruned)
     if budget > 0:
         levels.append(_first_level(lp[:, 0, :], budget))
         best = levels[1].weight
         for d in range(2, depth + 1):
+            lp_d = lp[:, d - 1, :]
             floor = _pool_floor(best, budget)
-            sizes = _active_sizes(levels[-1], lp[:, d - 1, :], floor, budget, dynamic)
+            sizes = _active_sizes(levels[-1], lp_d, floor, budget, dynamic)
             if sizes is None:
                 break  # no row has a node left that can reach the tree
-            expanded = _expand_level(
-                levels, lp[:, d - 1, :], floor, budget, sizes, prune, dynamic
-            )
-            if expanded is None:
+            level = _expand_level(levels, lp_d, floor, budget, sizes, dynamic)
+            if level is None:
                 break
-            level, level_risky = expanded
             levels.append(level)
-            if level_risky is not None:
-                risky.append(level_risky)
             best = _top_values(torch.cat([best, level.weight], dim=1), budget)
-    batch = _assemble(levels, token_ids, budget, root_tokens, dynamic)
-    if not risky:
-        return batch, torch.ones((), dtype=torch.bool, device=device)
-    # A pruned pair below the final floor has ``budget`` kept nodes ahead of it: harmless.
-    final_floor = _pool_floor(best, budget)
-    heaviest = torch.cat(risky, dim=1).amax(1, keepdim=True)
-    if final_floor is None:
-        return batch, ~(heaviest > float("-inf")).any()
-    return batch, ~((heaviest > float("-inf")) & (heaviest >= final_floor)).any()
+    return _assemble(levels, token_ids, budget, root_tokens, dynamic)
 
 
 def _root_level(bs: int, device: torch.device) -> _Level:
@@ -346,67 +324,18 @@ def _active_sizes(
 
 @dataclass(frozen=True)
 class _Pairs:
-    """Candidate (parent slot, rank) pairs of one depth, as cached device tensors."""
+    """Candidate (parent slot, rank) pairs of one depth, flattened; int64 [C] each."""
 
-    slots: torch.Tensor  # int64 [C]
-    ranks: torch.Tensor  # int64 [C]
-    widths: torch.Tensor  # int64 [P], pairs per parent slot (a rank prefix)
-    first_pruned: (
-        torch.Tensor
-    )  # int64 [P], min(width, K - 1): the first rank not scored
-    has_pruned: (
-        torch.Tensor
-    )  # bool [P], width < num_ranks: the pair rule cut this parent
-    any_pruned: bool
-    all_pruned: bool
-
-
-def _candidate_pairs(
-    num_parents: int, num_ranks: int, budget: int, prune: bool, k: int, device
-) -> _Pairs:
-    """(parent slot i, rank j < num_ranks) pairs to score: (i+1)*(j+1) <= budget when
-    pruning, else all. Cached per device, keyed on ``_pair_lists`` itself so that a replaced
-    pair rule takes effect.
-
-    Only ranks cut by the pair rule need the certificate: rank ``num_ranks`` is exactly out
-    (it is ``budget``, with ``budget`` better siblings, or it is below the floor for every
-    parent, see ``_active_sizes``)."""
-    return _pair_tensors(_pair_lists, num_parents, num_ranks, budget, prune, k, device)
+    slots: torch.Tensor
+    ranks: torch.Tensor
 
 
 @functools.lru_cache(maxsize=1024)
-def _pair_tensors(
-    pair_lists,
-    num_parents: int,
-    num_ranks: int,
-    budget: int,
-    prune: bool,
-    k: int,
-    device,
-) -> _Pairs:
-    slots, ranks, widths = pair_lists(num_parents, num_ranks, budget, prune)
-    as_tensor = functools.partial(torch.tensor, dtype=torch.int64, device=device)
-    width_t = as_tensor(widths)
-    return _Pairs(
-        slots=as_tensor(slots),
-        ranks=as_tensor(ranks),
-        widths=width_t,
-        first_pruned=width_t.clamp(max=k - 1),
-        has_pruned=width_t < num_ranks,
-        any_pruned=min(widths) < num_ranks,
-        all_pruned=max(widths) < num_ranks,
-    )
-
-
-@functools.lru_cache(maxsize=256)
-def _pair_lists(num_parents: int, k: int, budget: int, prune: bool):
-    slots, ranks, widths = [], [], []
-    for i in range(num_parents):
-        width = min(k, budget // (i + 1)) if prune else k
-        slots.extend([i] * width)
-        ranks.extend(range(width))
-        widths.append(width)
-    return tuple(slots), tuple(ranks), tuple(widths)
+def _all_pairs(num_parents: int, num_ranks: int, device) -> _Pairs:
+    """Every pair (parent slot i < num_parents, rank j < num_ranks), parent-major."""
+    slots = torch.arange(num_parents, device=device).repeat_interleave(num_ranks)
+    ranks = torch.arange(num_ranks, device=device).repeat(num_parents)
+    return _Pairs(slots=slots, ranks=ranks)
 
 
 def _expand_level(
@@ -415,50 +344,43 @@ def _expand_level(
     floor: Optional[torch.Tensor],
     budget: int,
     sizes: tuple[int, int],
-    prune: bool,
     dynamic: bool,
-) -> Optional[tuple[_Level, Optional[torch.Tensor]]]:
-    """Best ``budget`` children (by key) at the next depth, and its risky pruned weight.
+) -> Optional[_Level]:
+    """Best ``budget`` children (by key) at the next depth.
 
-    lp_d: float64 [bs, K]. Children below the floor are masked to -inf (invalid). None when
-    no candidate can reach the floor (with host reads only).
+    lp_d: float64 [bs, K]; sizes: (parent slots, ranks) to score (``_active_sizes``).
+    Children below the floor are masked to -inf (invalid). None when no candidate can
+    reach the floor (with host reads only).
     """
     prev = levels[-1]
-    k = lp_d.shape[1]
-    pairs = _candidate_pairs(*sizes, budget, prune, k, lp_d.device)
-    if (
-        dynamic
-        and floor is not None
-        and pairs.slots.numel() * lp_d.shape[0] >= _NARROW_MIN_SCORES
-    ):
-        pairs = _pairs_above_floor(
-            pairs, prev.weight[:, : sizes[0]], lp_d[:, : sizes[1]], floor
-        )
+    bs, k = lp_d.shape
+    num_parents, num_ranks = sizes
+    num_scores = num_parents * num_ranks * bs
+    if dynamic and floor is not None and num_scores >= _NARROW_MIN_SCORES:
+        parent_weight = prev.weight[:, :num_parents]
+        pairs = _pairs_above_floor(parent_weight, lp_d[:, :num_ranks], floor)
         if pairs is None:
             return None
-    weight = prev.weight.index_select(1, pairs.slots) + lp_d.index_select(
-        1, pairs.ranks
-    )  # float rule
+    else:
+        pairs = _all_pairs(num_parents, num_ranks, lp_d.device)
+    parent_weight = prev.weight.index_select(1, pairs.slots)
+    child_lp = lp_d.index_select(1, pairs.ranks)
+    weight = parent_weight + child_lp  # float rule: one float64 add per edge
     if floor is not None:
         weight.masked_fill_(weight < floor, float("-inf"))
     keep = min(budget, weight.shape[1])
 
-    def lexkey(
-        idx: torch.Tensor,
-    ) -> torch.Tensor:  # lexicographic key of candidates' rank tuples
-        return _ensure_lexpos(levels, len(levels) - 1).gather(
-            1, pairs.slots.take(idx)
-        ) * k + pairs.ranks.take(idx)
+    def lexkey(idx: torch.Tensor) -> torch.Tensor:
+        """Lexicographic key of the candidates' rank tuples: lexpos(parent) * K + rank."""
+        parent_lexpos = _ensure_lexpos(levels, len(levels) - 1)
+        return parent_lexpos.gather(1, pairs.slots.take(idx)) * k + pairs.ranks.take(
+            idx
+        )
 
-    order, values = _select_by_key(
-        weight, lexkey, keep, prev.weight.shape[1] * k, dynamic
-    )
-    level = _Level(
-        weight=values, parent=pairs.slots.take(order), rank=pairs.ranks.take(order)
-    )
-    if not pairs.any_pruned:  # the pair rule cut nothing (see _candidate_pairs)
-        return level, None
-    return level, _risky_pruned(levels, level, lp_d, pairs, budget, dynamic)
+    lex_range = prev.weight.shape[1] * k
+    order, values = _select_by_key(weight, lexkey, keep, lex_range, dynamic)
+    parent = pairs.slots.take(order)
+    return _Level(weight=values, parent=parent, rank=pairs.ranks.take(order))
 
 
 # Narrowing the pairs to the floor costs ~10 small ops; it pays off from about this many scores.
@@ -466,34 +388,31 @@ _NARROW_MIN_SCORES = 16384
 
 
 def _pairs_above_floor(
-    pairs: _Pairs, parent_weight: torch.Tensor, lp_d: torch.Tensor, floor: torch.Tensor
+    parent_weight: torch.Tensor, lp_d: torch.Tensor, floor: torch.Tensor
 ) -> Optional[_Pairs]:
-    """``pairs`` narrowed, per parent slot, to the ranks whose child can reach the floor in
-    some row (None if no pair can). Host reads; an over-count is harmless (the floor mask
-    follows), an under-count is not, hence the margin: fl(w + lp) >= floor implies
-    lp >= floor - w - 2^-52 * |floor|, far inside 1e-12 * (|floor| + |w|).
+    """Per parent slot, the rank prefix whose child can reach the floor in some row.
+
+    parent_weight float64 [bs, P], lp_d float64 [bs, R], floor [bs, 1]; None if no pair
+    can. Host reads; an over-count is harmless (the floor mask follows), an under-count is
+    not, hence the margin: fl(w + lp) >= floor implies lp >= floor - w - 2^-52 * |floor|,
+    far inside 1e-12 * (|floor| + |w|).
     """
     bs = parent_weight.shape[0]
     slack = (floor.abs() + parent_weight.abs()) * 1e-12
-    bound = (parent_weight - floor + slack).masked_fill_(
-        parent_weight == float("-inf"), float("-inf")
-    )
-    reach = torch.searchsorted(
-        torch.neg(lp_d).contiguous(), bound.contiguous(), side="right"
-    )
-    widths = torch.minimum(pairs.widths, reach.amax(0) if bs > 1 else reach[0])
+    bound = parent_weight - floor + slack
+    bound.masked_fill_(parent_weight == float("-inf"), float("-inf"))
+    neg_lp = torch.neg(lp_d).contiguous()
+    reach = torch.searchsorted(neg_lp, bound.contiguous(), side="right")
+    widths = reach.amax(0) if bs > 1 else reach[0]
     width_list = widths.tolist()
     total = sum(width_list)
     if total == 0:
         return None
-    slots = torch.repeat_interleave(
-        torch.arange(len(width_list), device=widths.device), widths, output_size=total
-    )
+    parent_ids = torch.arange(len(width_list), device=widths.device)
+    slots = torch.repeat_interleave(parent_ids, widths, output_size=total)
     starts = torch.cumsum(widths, 0) - widths
     ranks = torch.arange(total, device=widths.device) - starts.index_select(0, slots)
-    # The certificate still checks the first pair past the pair rule (first_pruned): ranks
-    # between the two widths are below the floor, so it stays the first that may matter.
-    return dataclasses.replace(pairs, slots=slots, ranks=ranks, widths=widths)
+    return _Pairs(slots=slots, ranks=ranks)
 
 
 _KEY_LIMIT = 2**62  # exclusive bound of the integer tie-break keys (int64)
@@ -583,50 +502,6 @@ def _ensure_lexpos(levels: list[_Level], d: int) -> torch.Tensor:
     return lvl.lexpos
 
 
-def _risky_pruned(
-    levels: list[_Level],
-    level: _Level,
-    lp_d: torch.Tensor,
-    pairs: _Pairs,
-    budget: int,
-    dynamic: bool,
-) -> torch.Tensor:
-    """[bs, 1] heaviest pruned pair at this depth that might belong to its best children.
-
-    Parent slot i's first pruned rank is its pair width (when the rule cut it); later ranks and their
-    descendants have larger keys. The pair is harmless when its key (-weight, lexkey) is
-    larger than the budget-th kept child's (impossible to show if fewer were kept); the
-    caller also clears any pair below the final floor (which is >= the budget-th kept
-    child's weight). In exact arithmetic the pair rule never fails; float64 rounding can
-    merge two sums and make it fail.
-    """
-    prev = levels[-1]  # the new level is not appended yet
-    k = lp_d.shape[1]
-    num_parents = pairs.widths.shape[0]
-    weight = prev.weight[:, :num_parents] + lp_d.index_select(
-        1, pairs.first_pruned
-    )  # float rule
-    if not pairs.all_pruned:
-        weight = weight.masked_fill(~pairs.has_pruned, float("-inf"))
-    heaviest = weight.amax(1, keepdim=True)
-    if level.weight.shape[1] < budget:
-        return heaviest
-    last = level.weight[:, budget - 1 : budget]
-    if dynamic and not bool((heaviest >= last).any()):
-        return (
-            heaviest  # all below the budget-th kept child, hence below the final floor
-        )
-    # Pairs tied with the budget-th kept child are harmless when their lexkey is larger.
-    lexpos = _ensure_lexpos(levels, len(levels) - 1)
-    pruned_lex = lexpos[:, :num_parents] * k + pairs.first_pruned
-    last_lex = (
-        lexpos.gather(1, level.parent[:, budget - 1 :]) * k
-        + level.rank[:, budget - 1 :]
-    )
-    cleared = (weight == last) & (pruned_lex > last_lex)
-    return weight.masked_fill(cleared, float("-inf")).amax(1, keepdim=True)
-
-
 def _preorder(levels: list[_Level]) -> list[torch.Tensor]:
     """Preorder index of each kept slot in the trie of kept nodes (children in rank order)."""
     for d in range(len(levels)):
@@ -680,7 +555,8 @@ def _assemble(
     kept = levels[1:]
     sizes = tuple(lvl.weight.shape[1] for lvl in kept)
     weight = torch.cat([lvl.weight for lvl in kept], dim=1)
-    # Kept slots always cover the tree; min() only guards results the certificate rejects.
+    # Kept slots always cover the tree (every tree node is kept at its depth); min() is
+    # a guard only.
     real = min(real, weight.shape[1])
 
     def preorder(idx: torch.Tensor) -> torch.Tensor:
