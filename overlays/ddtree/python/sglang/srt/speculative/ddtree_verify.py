@@ -29,6 +29,10 @@ accepted). The accept/reject walk is bit-exact against the kernel; the final dra
 torch's float32 sum/cumsum where the kernel uses block-parallel ones, so the two can differ
 only when u = coin * sum lands within float32 rounding of a cdf boundary. On CUDA, when
 SGLang's JIT kernel imports, ``ddtree_verify_sampling`` runs the kernel itself.
+
+Per step: the verify functions check shapes only and never read values back on CUDA
+(kernel or torch twin; the twins stop their walk early on CPU only, where a read is
+free), so they take no ``validate`` flag.
 """
 
 from __future__ import annotations
@@ -211,8 +215,10 @@ def tree_speculative_sampling_target_only_torch(
     dev = candidates.device
     rows = torch.arange(bs, device=dev)
     f32 = torch.float32
-    thr_single = torch.tensor(threshold_single, dtype=f32, device=dev)
-    thr_acc = _clamped_threshold_acc(threshold_acc, dev)
+    # 0-dim device tensors (a Python scalar divisor would become a reciprocal multiply);
+    # torch.full fills on the device, no host-to-device copy (a sync on CUDA).
+    thr_single = torch.full((), float(threshold_single), dtype=f32, device=dev)
+    thr_acc = torch.full((), _clamped_threshold_acc(threshold_acc), dtype=f32, device=dev)
     tp = target_probs.reshape(bs * n, vocab)
     dp = draft_probs.view(bs * n, vocab)
     coins = uniform_samples.reshape(bs * n).to(f32)
@@ -290,16 +296,13 @@ def _check_thresholds(threshold_single: float, threshold_acc: float) -> None:
             raise ValueError(f"expected {name} in [0, 1], got {value}")
 
 
-def _clamped_threshold_acc(threshold_acc: float, device: torch.device) -> torch.Tensor:
-    """float32 0-dim tensor max(float32(threshold_acc), 1e-9f), as the kernel receives it.
+def _clamped_threshold_acc(threshold_acc: float) -> float:
+    """max(threshold_acc, 1e-9): the divisor the kernel gets, once rounded to float32.
 
     SGLang's host wrapper passes ``std::max(static_cast<float>(threshold_acc), 1e-9f)``;
-    rounding to float32 is monotone, so this equals rounding max(threshold_acc, 1e-9).
+    rounding to float32 is monotone, so float32(max(x, 1e-9)) is the same value.
     """
-    f32 = torch.float32
-    value = torch.tensor(float(threshold_acc), dtype=f32)
-    floor = torch.tensor(1e-9, dtype=f32)
-    return torch.maximum(value, floor).to(device)
+    return max(float(threshold_acc), 1e-9)
 
 
 def _sample_residual(
