@@ -9,6 +9,11 @@ import torch
 
 import sglang.srt.speculative.ddtree_batched as ddtree_batched
 from sglang.srt.speculative.ddtree_batched import DDTreeBatch, build_ddtree_batched
+from sglang.srt.speculative.ddtree_retrieve import (
+    compile_ddtree_retrieve,
+    ddtree_full_mask,
+)
+from sglang.srt.speculative.ddtree_topk import ddtree_shard_topk, merge_ddtree_topk
 from sglang.srt.speculative.ddtree_tree import build_ddtree_tree_from_topk
 
 VECTOR_LP = torch.log(torch.tensor([[0.7, 0.3], [0.6, 0.4], [0.8, 0.2]]))
@@ -256,3 +261,29 @@ def test_single_request_path_equals_tensor_path() -> None:
             assert got.dtype == want.dtype and got.shape == want.shape, name
             assert got.tolist() == want.tolist(), name
         assert single.budget == budget
+
+
+def test_per_step_calls_with_validate_false_read_nothing_back(monkeypatch) -> None:
+    """The worker's per-step calls with validate=False, on the accelerator's code path
+    (no host reads allowed): any read of a tensor value back to Python raises here."""
+    monkeypatch.setattr(ddtree_batched, "_host_reads", lambda device: False)
+    gen = torch.Generator().manual_seed(8)
+    logits = torch.randn(6, 40, generator=gen)
+    shard_a = ddtree_shard_topk(logits[:, :24], 4, vocab_start=0, real_rows=20)
+    shard_b = ddtree_shard_topk(logits[:, 24:], 4, vocab_start=20, real_rows=16)
+    lp, ids = _random_drafts(gen, 3, 3, 4, 2)
+    seq_lens = torch.tensor([5, 0, 9])
+
+    def host_read(self, *args, **kwargs):
+        raise AssertionError("a tensor value was read back to the host")
+
+    with monkeypatch.context() as patch:
+        for name in ("__bool__", "__int__", "__float__", "item", "tolist", "numpy"):
+            patch.setattr(torch.Tensor, name, host_read)
+        merged = merge_ddtree_topk(*map(list, zip(shard_a, shard_b)), 4, validate=False)
+        batch = build_ddtree_batched(lp, ids, 10, validate=False)
+        retrieve = compile_ddtree_retrieve(batch.parents, validate=False)
+        mask = ddtree_full_mask(batch.parents, seq_lens, 14, validate=False)
+    assert merged[1].shape == (6, 4) and retrieve.retrieve_index.shape == (3, 11)
+    assert mask.shape == (14 * 11 + 3 * 11 * 11,)
+    _assert_equals_heap(batch, lp, ids, 10)

@@ -69,6 +69,19 @@ def test_small_shard_pads_with_missing_entries() -> None:
     torch.testing.assert_close(log_probs, ref_lp)
 
 
+def test_merge_without_validation_returns_missing_entries() -> None:
+    """validate=False skips the only host read; a short row shows up as id -1, -inf."""
+    logits = torch.tensor([[3.0, 1.0], [0.5, 2.0]])
+    vals, ids, lse = ddtree_shard_topk(logits, 3, vocab_start=10, real_rows=2)
+    with pytest.raises(ValueError, match="real vocabulary rows"):
+        merge_ddtree_topk([vals], [ids], [lse], 3)
+    log_probs, token_ids = merge_ddtree_topk([vals], [ids], [lse], 3, validate=False)
+    assert token_ids.tolist() == [[10, 11, -1], [11, 10, -1]]
+    assert torch.isneginf(log_probs[:, 2]).all()
+    full, full_ids = merge_ddtree_topk([vals], [ids], [lse], 2, validate=False)
+    assert torch.equal(full, log_probs[:, :2]) and torch.equal(full_ids, token_ids[:, :2])
+
+
 def test_bf16_shards_are_merged_in_float32() -> None:
     logits = torch.randn(4, 20, generator=torch.Generator().manual_seed(2)).to(
         torch.bfloat16

@@ -97,7 +97,11 @@ def build_ddtree_batched(
     token_ids:   int32/int64 [bs, L, K], distinct within each depth row.
     budget:      draft nodes per request, root excluded; N = budget + 1.
     root_tokens: optional int32/int64 [bs], written to tokens[:, 0] (else -1).
-    validate:    run the value checks (one host read each); shapes are always checked.
+    validate:    run the value checks of ``check_draft_values`` (five host reads, each a
+                 device sync on CUDA); shapes are always checked, without a read.
+                 Per-step callers that trust their draft head pass False: the build
+                 then has no host read on CUDA (kernel or torch fallback); on CPU it
+                 reads small values back, which costs no sync there.
     """
     check_budget(budget)
     check_draft_shapes(log_probs, token_ids, batched=True)

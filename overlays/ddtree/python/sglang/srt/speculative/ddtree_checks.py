@@ -5,6 +5,13 @@ feeds the wrong tensor learns what to pass instead. The checks on tensor *values
 (finiteness, sort order, duplicates) read the data back to the host: builders take a
 ``validate`` flag so a hot path that already trusts its draft head can skip them.
 
+Per-step use: every ``validate`` flag defaults to True (a caller that has not thought
+about it gets the checks) and each value check is one host read, a device sync on CUDA.
+A worker calling ``build_ddtree_batched``, ``compile_ddtree_retrieve``,
+``ddtree_full_mask`` (with ``seq_lens_sum`` given) or ``merge_ddtree_topk`` per decode
+step passes ``validate=False``; the shape and dtype checks stay and read nothing. The
+verify functions (``ddtree_verify``) only check shapes and never read back on CUDA.
+
 Why each value check exists:
   * log-probs must be finite and <= 0: a path weight is a sum of log-probs, and the
     batched builder relies on a child never outweighing its parent.

@@ -63,6 +63,9 @@ def compile_ddtree_retrieve(
     node_logws: optional float [bs, N] or [N] path log-weights; orders siblings by weight
                 descending (ties by slot). Without it siblings follow slot order, which is
                 the same order for trees from the DDTree builders.
+    validate:   check the parent values (``check_parents_values``: two host reads, each
+                a device sync on CUDA); shapes are always checked. Per-step callers pass
+                False, and the compile then has no host read.
     budget:     pad a single tree to N = budget + 1 slots (a heap result has only its nodes).
     """
     parents, node_logws = _tree_arrays(parents, node_logws, budget)
@@ -191,7 +194,8 @@ def ddtree_ancestor_mask(parents: torch.Tensor, validate: bool = True) -> torch.
     """Tree-only mask bool [bs, N, N]: [b, i, j] True iff j is i, an ancestor of i, or the root.
 
     A single tree, parents [N], gives [N, N]. Pointer doubling: ceil(log2 N) rounds of
-    [bs, N, N] ops, no host reads.
+    [bs, N, N] ops, no host reads. validate=True checks the parent values first (two host
+    reads, device syncs on CUDA); per-step callers pass False.
     """
     if isinstance(parents, torch.Tensor) and parents.dim() == 1:
         return ddtree_ancestor_mask(parents[None], validate)[0]
@@ -233,6 +237,8 @@ def ddtree_full_mask(
 
     parents:      int64 [bs, N]; seq_lens: int64 [bs], prefix tokens per request (without the
     draft); seq_lens_sum: their sum as a host int (pass it to avoid a device read).
+    validate: check the parent values (two host reads, device syncs on CUDA). With
+    validate=False and seq_lens_sum given, the mask is built without any host read.
     """
     parents = _as_batch(parents)
     tree = ddtree_ancestor_mask(parents, validate=validate)

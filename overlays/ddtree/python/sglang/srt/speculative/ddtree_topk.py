@@ -74,11 +74,16 @@ def merge_ddtree_topk(
     top_ids: Sequence[torch.Tensor],
     lses: Sequence[torch.Tensor],
     k: int,
+    validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge R shard triples into (log_probs float32 [T, k], token_ids int64 [T, k]).
 
     top_logits[r]: float [T, k_r]; top_ids[r]: int64 [T, k_r] global ids (-1 = missing);
-    lses[r]: float [T]. Raises ValueError when fewer than k real candidates exist.
+    lses[r]: float [T]. Shapes are always checked (no device read). validate=True also
+    raises ValueError when a row has fewer than k real candidates, which reads a flag
+    back to the host (a device sync on CUDA); a per-step caller whose shards hold at
+    least k real rows in total passes validate=False, and the merge then has no host
+    read (a missing candidate would come back as id -1 with log-prob -inf).
     """
     if not (len(top_logits) == len(top_ids) == len(lses)) or len(lses) == 0:
         raise ValueError(
@@ -107,7 +112,7 @@ def merge_ddtree_topk(
     )
     order = _sort_desc_lower_id_first(values, ids)[:, :k]
     best_ids = ids.gather(1, order)
-    if bool((best_ids < 0).any()):
+    if validate and bool((best_ids < 0).any()):
         raise ValueError(
             f"expected at least k = {k} real vocabulary rows over all shards"
         )
