@@ -2,13 +2,13 @@
 
     .venv/bin/python bench/bench_builder.py [--repeats 5] [--threads 1]
 
-CPU only; L = 15 draft depths, K = budget (the overlay's default top-K is min(budget, vocab)),
-draft log-probs = sorted log_softmax of random logits (N(0, 1) * scale) over a 4096-token
-vocabulary. Two tables: flat drafts (scale 2.5, the original table: trees 1-2 deep) and peaked
-drafts (scale 6: trees 4-9 deep, so the batched builder cannot stop after two depths). Both
-builders run with validate=False, so the tables time tree selection alone. Prints the median
-time per batch, the heap/batched ratio (> 1: the batched builder is faster) and the deepest
-node of the batch's trees.
+CPU only; L = 15 draft depths, K = budget (the overlay's default top-K is min(budget,
+vocab)), draft log-probs = sorted log_softmax of random logits (N(0, 1) * scale) over a
+4096-token vocabulary. Two tables: flat drafts (scale 2.5, the original table: trees 1-2
+deep) and peaked drafts (scale 6: trees 4-9 deep, so the batched builder cannot stop
+after two depths). Both builders run with validate=False, so the tables time tree
+selection alone. Prints the median time per batch, the heap/batched ratio (> 1: the
+batched builder is faster) and the deepest node of the batch's trees.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def _draft(bs: int, depth: int, k: int, seed: int, scale: float = 2.5):
 
 
 def _median_pair(fa, fb, repeats: int) -> tuple[float, float]:
-    """Median times of fa and fb, run alternately: on a shared machine both see the same load,
-    so their ratio is steadier than either time."""
+    """Median times of fa and fb, run alternately: on a shared machine both see the same
+    load, so their ratio is steadier than either time."""
     fa(), fb()  # warm-up (allocator, lru caches)
     ta, tb = [], []
     for _ in range(repeats):

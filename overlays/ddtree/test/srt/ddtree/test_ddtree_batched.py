@@ -21,16 +21,16 @@ VECTOR_IDS = torch.tensor([[10, 11], [20, 21], [30, 31]])
 
 
 def _random_drafts(gen: torch.Generator, bs: int, depth: int, k: int, mode: int):
-    """mode 0: continuous; 1: values on a 1/4 grid (exact ties); 2: identical rows per depth
-    on a 1/2 grid (massive ties, children tie across parents); 3: zero log-probs (a child
-    ties its parent, ties across depths); 4: steps of one ulp on offsets that grow with depth
-    (float64 sums round, and rounding merges sums whose exact values differ)."""
+    """mode 0: continuous; 1: values on a 1/4 grid (exact ties); 2: identical rows per
+    depth on a 1/2 grid (massive ties, children tie across parents); 3: zero log-probs
+    (a child ties its parent, ties across depths); 4: steps of one ulp on offsets that
+    grow with depth (float64 sums round, and rounding merges sums whose exact values
+    differ)."""
     x = -torch.rand(bs, depth, k, generator=gen, dtype=torch.float64) * 3
     if mode == 4:
         steps = torch.randint(0, 6, (bs, depth, k), generator=gen).to(torch.float64)
-        offset = torch.tensor([0.5, 0.0, 1.5, 3.0, 6.0], dtype=torch.float64)[
-            :depth
-        ]  # depth <= 5
+        offsets = torch.tensor([0.5, 0.0, 1.5, 3.0, 6.0], dtype=torch.float64)
+        offset = offsets[:depth]  # depth <= 5
         scale = torch.tensor([1.0, 1.0, 4.0, 8.0, 16.0], dtype=torch.float64)[:depth]
         x = -(offset[None, :, None] + steps * 2.0**-53 * scale[None, :, None])
     elif mode == 1:
@@ -62,9 +62,8 @@ def _assert_equals_heap(
         assert batch.parents[b, : n + 1].tolist() == ref.parents.tolist()
         assert batch.depths[b, 1 : n + 1].tolist() == ref.depths.tolist()
         assert batch.ranks[b, 1 : n + 1].tolist() == ref.ranks.tolist()
-        assert (
-            batch.node_logws[b, 1 : n + 1].tolist() == ref.node_logws.tolist()
-        )  # bit-exact
+        weights = batch.node_logws[b, 1 : n + 1].tolist()
+        assert weights == ref.node_logws.tolist()  # bit-exact
         pad = slice(n + 1, budget + 1)
         assert set(batch.tokens[b, pad].tolist()) <= {-1} and set(
             batch.parents[b, pad].tolist()
@@ -206,9 +205,9 @@ def test_count_possible_nodes() -> None:
 def test_fixed_shape_and_host_read_paths_agree_with_heap(
     monkeypatch, host_reads: bool
 ) -> None:
-    """Without host reads (the accelerator path: fixed shapes, no early stop, tie-breaking
-    always on) and with them (CPU: shrunk shapes, early stop, tie work only on ties), the
-    trees are the heap's, on all draft modes."""
+    """Without host reads (the accelerator path: fixed shapes, no early stop,
+    tie-breaking always on) and with them (CPU: shrunk shapes, early stop, tie work only
+    on ties), the trees are the heap's, on all draft modes."""
     monkeypatch.setattr(ddtree_batched, "_host_reads", lambda device: host_reads)
     gen = torch.Generator().manual_seed(4321)
     for trial in range(50):
@@ -225,18 +224,16 @@ def test_large_batch_shortcuts_agree_with_heap(monkeypatch) -> None:
     monkeypatch.setattr(ddtree_batched, "_NARROW_MIN_SCORES", 0)
     gen = torch.Generator().manual_seed(2468)
     for trial in range(60):
-        if (
-            trial == 30
-        ):  # the two-sort tie-break that replaces the integer key near int64 overflow
+        if trial == 30:
+            # The two-sort tie-break that replaces the integer key near int64 overflow.
             monkeypatch.setattr(ddtree_batched, "_KEY_LIMIT", 0)
         depth = int(torch.randint(1, 6, (1,), generator=gen))
         k = int(torch.randint(1, 7, (1,), generator=gen))
         budget = int(torch.randint(0, 50, (1,), generator=gen))
         lp, ids = _random_drafts(gen, 16, depth, k, trial % 5)
         _assert_equals_heap(build_ddtree_batched(lp, ids, budget), lp, ids, budget)
-    logits = (
-        torch.randn(8, 15, 64, generator=gen) * 6
-    )  # peaked: deep trees, ties from float32
+    # Peaked: deep trees, ties from float32.
+    logits = torch.randn(8, 15, 64, generator=gen) * 6
     lp, ids = torch.sort(torch.log_softmax(logits, dim=-1), dim=-1, descending=True)
     _assert_equals_heap(build_ddtree_batched(lp, ids, 64), lp, ids, 64)
 

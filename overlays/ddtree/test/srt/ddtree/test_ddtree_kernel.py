@@ -1,10 +1,11 @@
 """The DDTree CUDA kernel: its algorithm, its build, and (on a GPU) its outputs.
 
-- The kernel's per-request code (csrc/speculative/ddtree_core.cuh) is plain C++: compiled here
-  with the host compiler, driven the way the CUDA kernel drives it, it must equal the design's
-  test vector and the batched torch reference (builder + retrieve + mask) on random batches.
-- Compile-only: SGLang's load_jit really builds the module for sm_120 with nvcc into a temp
-  JIT cache (skipped when nvcc or SGLang's runtime is missing).
+- The kernel's per-request code (csrc/speculative/ddtree_core.cuh) is plain C++:
+  compiled here with the host compiler, driven the way the CUDA kernel drives it, it
+  must equal the design's test vector and the batched torch reference (builder +
+  retrieve + mask) on random batches.
+- Compile-only: SGLang's load_jit really builds the module for sm_120 with nvcc into a
+  temp JIT cache (skipped when nvcc or SGLang's runtime is missing).
 - On CUDA: the kernel equals the batched reference exactly (skipped without a GPU).
 """
 
@@ -22,9 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sglang.srt.speculative import (
-    ddtree_kernel,
-)  # conftest.py points sglang at the tree under test
+# conftest.py points sglang at the tree under test.
+from sglang.srt.speculative import ddtree_kernel
 from sglang.srt.speculative.ddtree_batched import build_ddtree_batched
 from sglang.srt.speculative.ddtree_retrieve import (
     compile_ddtree_retrieve,
@@ -79,8 +79,9 @@ VERIFY = (
 def random_batch(gen: torch.Generator) -> tuple:
     """A valid random draft: (log_probs [bs, L, K], token_ids, root_tokens, prefix_lens, budget).
 
-    Half the batches draw log-probs from multiples of ln 2, so path weights tie exactly and the
-    rank-tuple tie-break decides; budgets run past the draft's size (padding) and down to 0.
+    Half the batches draw log-probs from multiples of ln 2, so path weights tie exactly
+    and the rank-tuple tie-break decides; budgets run past the draft's size (padding)
+    and down to 0.
     """
     bs = int(torch.randint(1, 5, (1,), generator=gen))
     depth = int(torch.randint(1, 7, (1,), generator=gen))
@@ -211,22 +212,9 @@ def test_core_builds_the_design_test_vector(host_core):
     assert weights == [-0.357, -0.868, -1.091, -1.204, -1.273]
     mask = out["tree_mask"].view(6, 3 + 6)
     assert mask[:, :3].all()  # every row sees the whole prefix
-    assert mask[4, 3:].tolist() == [
-        True,
-        False,
-        False,
-        False,
-        True,
-        False,
-    ]  # token 11: root + itself
-    assert mask[3, 3:].tolist() == [
-        True,
-        True,
-        True,
-        True,
-        False,
-        False,
-    ]  # token 30: its chain
+    T, F = True, False
+    assert mask[4, 3:].tolist() == [T, F, F, F, T, F]  # token 11: root + itself
+    assert mask[3, 3:].tolist() == [T, T, T, T, F, F]  # token 30: its chain
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -271,9 +259,8 @@ def test_core_equals_batched_reference_on_large_budgets(host_core):
 
 
 def test_core_pads_when_the_draft_has_fewer_nodes_than_the_budget(host_core):
-    lp = torch.log(
-        torch.tensor([[[0.5, 0.5]]], dtype=torch.float64)
-    )  # 2 nodes exist, budget 4
+    # 2 nodes exist, budget 4.
+    lp = torch.log(torch.tensor([[[0.5, 0.5]]], dtype=torch.float64))
     batch = (lp, torch.tensor([[[5, 6]]]), torch.tensor([1]), torch.tensor([2]), 4)
     got = build_on_host(host_core, *batch)
     assert_same(got, reference_build(*batch), "padding")
@@ -350,9 +337,8 @@ def test_kernel_equals_batched_reference_on_cuda():
             **{name: getattr(verify, name) for name in VERIFY},
         }
         assert_same(got, reference_build(*batch), f"trial {trial}")
-        dispatched = build_ddtree_batched(
-            lp.cuda(), ids.cuda(), budget, roots.cuda()
-        )  # through _cuda_build
+        # Through _cuda_build.
+        dispatched = build_ddtree_batched(lp.cuda(), ids.cuda(), budget, roots.cuda())
         assert_same(
             {name: getattr(dispatched, name) for name in TREE},
             {name: got[name].cpu() for name in TREE},

@@ -20,15 +20,14 @@ VECTOR_IDS = torch.tensor([[10, 11], [20, 21], [30, 31]])
 
 @pytest.fixture(scope="module")
 def random_batch():
-    """Trees with weight ties (24 requests, L=4, K=3, budget 45) and with padding (L=2: 12 real nodes, budget 20)."""
+    """Trees with weight ties (24 requests, L=4, K=3, budget 45) and with padding
+    (L=2: 12 real nodes, budget 20)."""
     gen = torch.Generator().manual_seed(5)
     lp = torch.round(-torch.rand(24, 4, 3, generator=gen, dtype=torch.float64) * 8) / 4
     lp = torch.sort(lp, dim=-1, descending=True).values
     ids = torch.argsort(torch.rand(24, 4, 3, generator=gen), dim=-1)
     big = build_ddtree_batched(lp, ids, 45)
-    padded = build_ddtree_batched(
-        lp[:, :2, :], ids[:, :2, :], 20
-    )  # 12 real nodes, 8 padding
+    padded = build_ddtree_batched(lp[:, :2, :], ids[:, :2, :], 20)  # 12 real, 8 pad
     return big, padded
 
 
@@ -54,9 +53,8 @@ def test_retrieve_index_is_global_and_int64() -> None:
     ]
     for t in (r.retrieve_index, r.retrieve_next_token, r.retrieve_next_sibling):
         assert t.dtype == torch.int64 and t.shape == (3, 6)
-    assert (
-        r.retrieve_next_token.tolist() == [[1, 2, 3, -1, -1, -1]] * 3
-    )  # local, not global
+    # Local slots, not global.
+    assert r.retrieve_next_token.tolist() == [[1, 2, 3, -1, -1, -1]] * 3
 
 
 def _walk(next_token: list[int], next_sibling: list[int]) -> list[tuple[int, int]]:
@@ -76,9 +74,8 @@ def _walk(next_token: list[int], next_sibling: list[int]) -> list[tuple[int, int
 def test_traversal_visits_every_node_once_children_by_weight(random_batch) -> None:
     for batch in random_batch:
         r = compile_ddtree_retrieve(batch.parents, batch.node_logws)
-        r_plain = compile_ddtree_retrieve(
-            batch.parents
-        )  # slot order gives the same arrays
+        # Slot order gives the same arrays.
+        r_plain = compile_ddtree_retrieve(batch.parents)
         assert torch.equal(r.retrieve_next_token, r_plain.retrieve_next_token)
         assert torch.equal(r.retrieve_next_sibling, r_plain.retrieve_next_sibling)
         for b in range(batch.parents.shape[0]):
@@ -155,8 +152,8 @@ def test_mask_row_allows_exactly_prefix_root_ancestors_and_self(random_batch) ->
 
 
 def test_full_mask_matches_sglang_index_formula() -> None:
-    """Cell (b, row x, tree column j) sits at N*N*b + prefix_sum_b*N + (seq_b+N)*x + seq_b + j,
-    the offset SGLang's build_tree_kernel_efficient writes (FULL_MASK)."""
+    """Cell (b, row x, tree column j) sits at N*N*b + prefix_sum_b*N + (seq_b+N)*x +
+    seq_b + j, the offset SGLang's build_tree_kernel_efficient writes (FULL_MASK)."""
     batch = build_ddtree_batched(
         VECTOR_LP[None].repeat(2, 1, 1), VECTOR_IDS[None].repeat(2, 1, 1), 5
     )

@@ -79,7 +79,9 @@ def test_merge_without_validation_returns_missing_entries() -> None:
     assert token_ids.tolist() == [[10, 11, -1], [11, 10, -1]]
     assert torch.isneginf(log_probs[:, 2]).all()
     full, full_ids = merge_ddtree_topk([vals], [ids], [lse], 2, validate=False)
-    assert torch.equal(full, log_probs[:, :2]) and torch.equal(full_ids, token_ids[:, :2])
+    assert torch.equal(full, log_probs[:, :2]) and torch.equal(
+        full_ids, token_ids[:, :2]
+    )
 
 
 def test_bf16_shards_are_merged_in_float32() -> None:

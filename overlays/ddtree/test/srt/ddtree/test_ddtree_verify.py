@@ -237,9 +237,8 @@ def test_sampling_bonus_after_full_acceptance_ignores_draft_probs() -> None:
     result = ddtree_verify_sampling(
         tokens, r, tp, torch.full((1, 3), 0.5), torch.tensor([0.1]), 3, draft_probs=dp
     )
-    assert result.emitted_tokens.tolist() == [
-        [1, 2, 0]
-    ]  # token 0 despite draft_probs[2, 0] = 0.5
+    # Token 0 despite draft_probs[2, 0] = 0.5.
+    assert result.emitted_tokens.tolist() == [[1, 2, 0]]
 
 
 def _chain_sampling(target_prob: float, threshold_acc: float):
@@ -255,8 +254,9 @@ def _chain_sampling(target_prob: float, threshold_acc: float):
 
 
 def test_sampling_threshold_acc_is_clamped_like_the_kernel_host_wrapper() -> None:
-    """threshold_acc = 0 divides by 1e-9f (no inf/NaN): a 1e-12 target prob with coin 0.5
-    is rejected (1e-3 < 0.5 fails), a 1e-8 one accepted (10 > 0.5); 0 behaves as 1e-9.
+    """threshold_acc = 0 divides by 1e-9f (no inf/NaN): a 1e-12 target prob with coin
+    0.5 is rejected (1e-3 < 0.5 fails), a 1e-8 one accepted (10 > 0.5); 0 behaves as
+    1e-9.
     """
     rejected = _chain_sampling(1e-12, 0.0)
     assert rejected.accept_token_num.tolist() == [0]
@@ -295,9 +295,8 @@ def test_sampling_thresholds_outside_unit_interval_are_rejected(name, value) -> 
 def test_greedy_speculative_decoding_equals_argmax_decoding() -> None:
     gen = torch.Generator().manual_seed(31)
     vocab, depth, k, budget, steps_out, bs = 12, 5, 3, 24, 60, 6
-    table = torch.randint(
-        0, vocab, (vocab, vocab), generator=gen
-    )  # next = table[prev, cur]
+    # next = table[prev, cur]
+    table = torch.randint(0, vocab, (vocab, vocab), generator=gen)
 
     def argmax_decode(prev: int, cur: int) -> list[int]:
         out = []
@@ -322,9 +321,8 @@ def test_greedy_speculative_decoding_equals_argmax_decoding() -> None:
             batch.tokens.gather(1, batch.parents.clamp(min=0)),
             torch.tensor([h[-2] for h in history])[:, None],
         )
-        target = table[
-            prev_tok.clamp(min=0), batch.tokens.clamp(min=0)
-        ]  # argmax after each slot
+        # The target's argmax after each slot.
+        target = table[prev_tok.clamp(min=0), batch.tokens.clamp(min=0)]
         result = ddtree_verify_greedy(batch.tokens, r, target, depth + 1)
         for b in range(bs):
             num = int(result.accept_token_num[b])
@@ -403,9 +401,8 @@ def _speculative_samples(
             links.retrieve_next_token[last],
             links.retrieve_next_sibling[last],
         )
-        tp = TARGET[
-            tokens.clamp(min=0)
-        ]  # [DRAWS, N, V]: next-token probs after each slot
+        # [DRAWS, N, V]: next-token probs after each slot.
+        tp = TARGET[tokens.clamp(min=0)]
         result = ddtree_verify_sampling(
             tokens,
             r,
@@ -440,9 +437,8 @@ def _factorised_draft(depth: int, k: int, duplicate_siblings: bool):
             rows_lp.append(torch.log(top.values[:k]))
             ids = top.indices[:k].clone()
             if duplicate_siblings:
-                ids[1:] = ids[
-                    0
-                ]  # every sibling carries the best token: forced past validation
+                # Every sibling carries the best token: forced past validation.
+                ids[1:] = ids[0]
             rows_id.append(ids)
         lps.append(torch.stack(rows_lp))
         idss.append(torch.stack(rows_id))

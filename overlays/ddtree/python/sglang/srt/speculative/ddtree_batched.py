@@ -37,10 +37,10 @@ Pruning, two kinds, both exact without any counting argument on float sums:
   * rank B and beyond: such a child has B better siblings.
 Selection: one topk by weight; when the best weights are all distinct that is key order.
 When weights tie, the entries at or above the boundary weight are ordered by an exact
-integer key (start of their run of equal weights, lexicographic key). Keys inside a depth
-use the per-depth lexicographic position of the parent's rank tuple; keys across depths
-use the preorder index of the kept-node trie (= lexicographic order of rank tuples with
-prefixes first); both are only computed when weights tie.
+integer key (start of their run of equal weights, lexicographic key). Keys inside a
+depth use the per-depth lexicographic position of the parent's rank tuple; keys across
+depths use the preorder index of the kept-node trie (= lexicographic order of rank
+tuples with prefixes first); both are only computed when weights tie.
 
 Where it runs: on CPU (serving has no CUDA kernel there) it reads small values back
 (free on CPU) to shrink each depth to the parents and ranks that can reach the floor, to
@@ -123,10 +123,11 @@ def _cuda_build(
 ) -> Optional[DDTreeBatch]:
     """Extension point for a CUDA kernel; returns None to use the torch path.
 
-    A CUDA implementation (``ddtree_kernel.py``) plugs in here: when ``log_probs.is_cuda``
-    and its kernel is available, return a ``DDTreeBatch`` that equals ``_build_torch`` on
-    every input, bit for bit (the float rule and order in the module docstring). Inputs
-    arrive already shape-checked (and value-checked when the caller asked for it).
+    A CUDA implementation (``ddtree_kernel.py``) plugs in here: when
+    ``log_probs.is_cuda`` and its kernel is available, return a ``DDTreeBatch`` that
+    equals ``_build_torch`` on every input, bit for bit (the float rule and order in the
+    module docstring). Inputs arrive already shape-checked (and value-checked when the
+    caller asked for it).
     """
     # --- kernel build concern (ddtree_kernel.py): CUDA inputs the kernel supports ---
     if not log_probs.is_cuda:
@@ -154,9 +155,9 @@ def count_possible_nodes(depth: int, k: int, cap: int) -> int:
 class _Level:
     """Nodes kept at one depth, in key order; [bs, n]. Invalid slots (weight -inf) come last.
 
-    ``lexpos`` (lexicographic rank of the slot's rank tuple within the level; invalid slots
-    keep their own slot number) and its inverse ``slot_of_lex`` are only needed to break
-    weight ties, so they are computed on demand (``_ensure_lexpos``).
+    ``lexpos`` (lexicographic rank of the slot's rank tuple within the level; invalid
+    slots keep their own slot number) and its inverse ``slot_of_lex`` are only needed to
+    break weight ties, so they are computed on demand (``_ensure_lexpos``).
     """
 
     weight: torch.Tensor  # float64
@@ -192,7 +193,8 @@ def _build_single(
     """One request on CPU: the heap loop itself (the reference), padded into a DDTreeBatch.
 
     With nothing to batch, ~100 tensor ops of a few microseconds each cost more than the
-    heap's ``budget`` pops; the heap forms the same float64 sums, so the result is the same.
+    heap's ``budget`` pops; the heap forms the same float64 sums, so the result is the
+    same.
     """
     from sglang.srt.speculative.ddtree_tree import build_ddtree_tree_from_topk
 
@@ -221,8 +223,8 @@ def _host_reads(device: torch.device) -> bool:
 
     On CPU a read is free, and it lets the builder shrink every depth to the parents and
     ranks that can still reach the tree, stop at the last useful depth, and skip the
-    tie-breaking work when no weights tie. On an accelerator each read is a sync, so there
-    the builder runs fixed shapes (same results, more work) and never reads back.
+    tie-breaking work when no weights tie. On an accelerator each read is a sync, so
+    there the builder runs fixed shapes (same results, more work) and never reads back.
     """
     return device.type == "cpu"
 
@@ -271,9 +273,10 @@ def _first_level(lp_1: torch.Tensor, budget: int) -> _Level:
     bs, k = lp_1.shape
     n = min(k, budget)
     ranks = torch.arange(n, dtype=torch.int64, device=lp_1.device).expand(bs, n)
+    # Float rule: 0.0 (the root weight) + lp; e.g. -0.0 becomes 0.0.
+    weight = lp_1[:, :n] + 0.0
     return _Level(
-        weight=lp_1[:, :n]
-        + 0.0,  # float rule: 0.0 (root weight) + lp, e.g. -0.0 becomes 0.0
+        weight=weight,
         parent=torch.zeros((bs, n), dtype=torch.int64, device=lp_1.device),
         rank=ranks,
         lexpos=ranks,
@@ -293,10 +296,10 @@ def _pool_floor(best: torch.Tensor, budget: int) -> Optional[torch.Tensor]:
 
     ``best`` holds the best min(budget, kept) weights per row, unordered.
 
-    Exact pruning without any counting argument: ``budget`` kept nodes weigh at least the
-    floor, so a node strictly below it has ``budget`` nodes with smaller keys and is not in
-    the tree; nor are its descendants (a child never outweighs its parent in float64 either:
-    rounding is monotone and log-probs are <= 0).
+    Exact pruning without any counting argument: ``budget`` kept nodes weigh at least
+    the floor, so a node strictly below it has ``budget`` nodes with smaller keys and is
+    not in the tree; nor are its descendants (a child never outweighs its parent in
+    float64 either: rounding is monotone and log-probs are <= 0).
     """
     if best.shape[1] < budget:
         return None
@@ -312,10 +315,11 @@ def _active_sizes(
 ):
     """(parents, ranks) to score at this depth, or None when nothing can reach the tree.
 
-    Parents at or above the floor are a prefix of the key order; the best parent's children
-    at or above the floor bound every parent's (a sum is monotone in each operand). Without
-    host reads (or without a floor yet) the full sizes are used; the floor mask makes the
-    results identical. Invalid (-inf) parents only count while there is no floor.
+    Parents at or above the floor are a prefix of the key order; the best parent's
+    children at or above the floor bound every parent's (a sum is monotone in each
+    operand). Without host reads (or without a floor yet) the full sizes are used; the
+    floor mask makes the results identical. Invalid (-inf) parents only count while
+    there is no floor.
     """
     ranks = min(lp_d.shape[1], budget)
     if not dynamic or floor is None:
@@ -397,9 +401,9 @@ def _pairs_above_floor(
     """Per parent slot, the rank prefix whose child can reach the floor in some row.
 
     parent_weight float64 [bs, P], lp_d float64 [bs, R], floor [bs, 1]; None if no pair
-    can. Host reads; an over-count is harmless (the floor mask follows), an under-count is
-    not, hence the margin: fl(w + lp) >= floor implies lp >= floor - w - 2^-52 * |floor|,
-    far inside 1e-12 * (|floor| + |w|).
+    can. Host reads; an over-count is harmless (the floor mask follows), an under-count
+    is not, hence the margin: fl(w + lp) >= floor implies lp >= floor - w - 2^-52 *
+    |floor|, far inside 1e-12 * (|floor| + |w|).
     """
     bs = parent_weight.shape[0]
     slack = (floor.abs() + parent_weight.abs()) * 1e-12
@@ -427,12 +431,12 @@ def _select_by_key(
 ):
     """The ``keep`` smallest keys (-weight, lexkey) per row, in key order: (indices, weights).
 
-    ``lexkey(idx)`` returns the int64 lexicographic keys (< lex_range, unique among valid
-    entries) of the entries ``idx`` [bs, m]; it is only called when weights tie. One topk
-    finds the ``keep + 1`` best weights; if they are all distinct (so the boundary is
-    strict too), weight order is key order. Otherwise every entry at or above the keep-th
-    weight is taken in weight order, and a second topk orders them on an exact integer key:
-    (start of the entry's run of equal weights, lexkey).
+    ``lexkey(idx)`` returns the int64 lexicographic keys (< lex_range, unique among
+    valid entries) of the entries ``idx`` [bs, m]; it is only called when weights tie.
+    One topk finds the ``keep + 1`` best weights; if they are all distinct (so the
+    boundary is strict too), weight order is key order. Otherwise every entry at or
+    above the keep-th weight is taken in weight order, and a second topk orders them on
+    an exact integer key: (start of the entry's run of equal weights, lexkey).
     """
     num = weight.shape[1]
     # A few spare entries, so that ties at the boundary rarely need a second topk.
@@ -441,15 +445,13 @@ def _select_by_key(
     if dynamic and not bool((torch.diff(top.values[:, : keep + 1], dim=1) == 0).any()):
         return top.indices[:, :keep], top.values[:, :keep]
     last = top.values[:, keep - 1 : keep]
-    tied = (
-        int((weight >= last).sum(1).max()) if dynamic else num
-    )  # entries at or above it
+    # Entries at or above the keep-th weight.
+    tied = int((weight >= last).sum(1).max()) if dynamic else num
     if tied > top.values.shape[1]:
         top = torch.topk(weight, tied, dim=1)
     values, idx = top.values[:, :tied], top.indices[:, :tied]
-    if (
-        tied + 1
-    ) * lex_range >= _KEY_LIMIT:  # the integer key would overflow: two stable sorts instead
+    if (tied + 1) * lex_range >= _KEY_LIMIT:
+        # The integer key would overflow: two stable sorts instead.
         order = _sort_by_key(values, lexkey(idx))[:, :keep]
         return idx.gather(1, order), values.gather(1, order)
     ids = torch.arange(tied, device=weight.device).expand_as(idx)
@@ -484,8 +486,9 @@ def _ensure_lexpos(levels: list[_Level], d: int) -> torch.Tensor:
     """levels[d].lexpos, computed (with those above it) on first use.
 
     A parent's kept children are a rank prefix (siblings are in key order by rank), so a
-    child's lexicographic position is the number of kept children of the parents before its
-    own in lex order, plus its rank. Invalid slots (the tail) keep their slot number.
+    child's lexicographic position is the number of kept children of the parents before
+    its own in lex order, plus its rank. Invalid slots (the tail) keep their slot
+    number.
     """
     lvl = levels[d]
     if lvl.lexpos is not None:

@@ -9,9 +9,11 @@ keys are exactly the ones a server computes at run time):
   * ``speculative_sampling`` SGLang's sampling verify, when flashinfer's headers are
                              installed (skipped with the reason otherwise).
 into ``$SGLANG_JIT_CACHE_DIR``. Serve afterwards with the same SGLANG_JIT_CACHE_DIR and
-SGLANG_CRASH_ON_JIT_COMPILE=1, so a missed build fails loudly instead of compiling per rank.
+SGLANG_CRASH_ON_JIT_COMPILE=1, so a missed build fails loudly instead of compiling per
+rank.
 
-Human lines go to stderr; ``--json`` prints a summary to stdout. Exit 1 if a build failed.
+Human lines go to stderr; ``--json`` prints a summary to stdout. Exit 1 if a build
+failed.
 """
 
 from __future__ import annotations
@@ -28,9 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-KIMI_K2_VOCAB = (
-    163840  # the deployed target model's vocab (sets the sampling kernel's vec size)
-)
+# The deployed target model's vocab (it sets the sampling kernel's vec size).
+KIMI_K2_VOCAB = 163840
 
 
 @dataclass
@@ -97,9 +98,8 @@ def _build_one(
     start = time.monotonic()
     try:
         load()
-    except (
-        Exception
-    ) as exc:  # a compiler error: show nvcc's diagnostics, keep building the others
+    except Exception as exc:
+        # A compiler error: show nvcc's diagnostics, keep building the others.
         lines = str(exc).splitlines()
         for line in lines[-200:]:
             log(f"  {name}: {line}")
@@ -244,9 +244,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.force:
         os.environ["SGLANG_JIT_FORCE_RECOMPILE"] = "1"
     os.environ.pop("SGLANG_CRASH_ON_JIT_COMPILE", None)  # building is the point here
-    log = lambda s: print(
-        f"ddtree_build: {s}", file=sys.stderr, flush=True
-    )  # noqa: E731
+
+    def log(line: str) -> None:
+        print(f"ddtree_build: {line}", file=sys.stderr, flush=True)
+
     summary = build_all(
         major, minor, vocab_size=args.vocab_size, only=args.modules, log=log
     )

@@ -1,7 +1,7 @@
 """Input checks for the DDTree draft-tree modules.
 
-Every check raises ``ValueError`` naming the shape or dtype it expected, so a caller that
-feeds the wrong tensor learns what to pass instead. The checks on tensor *values*
+Every check raises ``ValueError`` naming the shape or dtype it expected, so a caller
+that feeds the wrong tensor learns what to pass instead. The checks on tensor *values*
 (finiteness, sort order, duplicates) read the data back to the host: builders take a
 ``validate`` flag so a hot path that already trusts its draft head can skip them.
 
@@ -17,9 +17,10 @@ Why each value check exists:
     batched builder relies on a child never outweighing its parent.
   * log-probs sorted descending per depth: rank j is the j-th best token at that depth,
     the order the heap pushes siblings in.
-  * token ids distinct within a depth row: the K ids of depth d are the children of every
-    parent at depth d - 1; a duplicate makes two siblings carry the same token, which the
-    sampling verify double-counts (no longer lossless) and greedy verify cannot tell apart.
+  * token ids distinct within a depth row: the K ids of depth d are the children of
+    every parent at depth d - 1; a duplicate makes two siblings carry the same token,
+    which the sampling verify double-counts (no longer lossless) and greedy verify
+    cannot tell apart.
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ def check_draft_shapes(
         )
     if token_ids.shape != log_probs.shape:
         raise ValueError(
-            f"expected token_ids of shape {tuple(log_probs.shape)} (same as log_probs {want}), "
-            f"got {tuple(token_ids.shape)}"
+            f"expected token_ids of shape {tuple(log_probs.shape)} "
+            f"(same as log_probs {want}), got {tuple(token_ids.shape)}"
         )
     if token_ids.dtype not in _INT_DTYPES:
         raise ValueError(
@@ -74,21 +75,25 @@ def check_draft_shapes(
         )
     if log_probs.shape[-2] < 1 or log_probs.shape[-1] < 1:
         raise ValueError(
-            f"expected log_probs {want} with L >= 1 and K >= 1, got {tuple(log_probs.shape)}"
+            f"expected log_probs {want} with L >= 1 and K >= 1, "
+            f"got {tuple(log_probs.shape)}"
         )
     if log_probs.device != token_ids.device:
         raise ValueError(
-            f"expected log_probs and token_ids on one device, got {log_probs.device} and {token_ids.device}"
+            "expected log_probs and token_ids on one device, "
+            f"got {log_probs.device} and {token_ids.device}"
         )
 
 
 def check_draft_values(log_probs: torch.Tensor, token_ids: torch.Tensor) -> None:
-    """Values of a draft [..., L, K]: finite, <= 0, sorted descending along K, distinct ids."""
+    """Values of a draft [..., L, K]: finite, <= 0, sorted descending along K, distinct
+    ids. Each check is one host read (a device sync on CUDA)."""
     if not bool(torch.isfinite(log_probs).all()):
         raise ValueError("expected finite log_probs [..., L, K]; found NaN or +-inf")
     if bool((log_probs > 0).any()):
         raise ValueError(
-            "expected log_probs [..., L, K] <= 0 (log-probabilities); found a positive value"
+            "expected log_probs [..., L, K] <= 0 (log-probabilities); "
+            "found a positive value"
         )
     if log_probs.shape[-1] > 1 and bool(
         (log_probs[..., 1:] > log_probs[..., :-1]).any()
@@ -120,14 +125,15 @@ def check_root_tokens(root_tokens: torch.Tensor, bs: int) -> None:
         )
     if root_tokens.dtype not in _INT_DTYPES:
         raise ValueError(
-            f"expected root_tokens [{bs}] of dtype int64 or int32, got {root_tokens.dtype}"
+            f"expected root_tokens [{bs}] of dtype int64 or int32, "
+            f"got {root_tokens.dtype}"
         )
 
 
 def check_tree_tensors(
     parents: torch.Tensor, others: Sequence[tuple[str, torch.Tensor]] = ()
 ) -> None:
-    """parents int64 [bs, N] (N >= 1, node 0 = root); each named companion the same shape."""
+    """parents int64 [bs, N] (N >= 1, node 0 = root); named companions of its shape."""
     if (
         not isinstance(parents, torch.Tensor)
         or parents.dim() != 2
@@ -151,12 +157,16 @@ def check_tree_tensors(
                 else type(tensor).__name__
             )
             raise ValueError(
-                f"expected {name} of shape {tuple(parents.shape)} (same as parents [bs, N]), got {got}"
+                f"expected {name} of shape {tuple(parents.shape)} "
+                f"(same as parents [bs, N]), got {got}"
             )
 
 
 def check_parents_values(parents: torch.Tensor) -> None:
-    """Node 0 is the root (-1); a real node's parent has a smaller index; padding is -1."""
+    """Node 0 is the root (-1), a real node's parent has a smaller index, padding is -1.
+
+    Two host reads (device syncs on CUDA).
+    """
     n = parents.shape[1]
     if bool((parents[:, 0] != -1).any()):
         raise ValueError(
@@ -166,12 +176,13 @@ def check_parents_values(parents: torch.Tensor) -> None:
     bad = (parents < -1) | (parents >= idx)
     if bool(bad.any()):
         raise ValueError(
-            "expected -1 <= parents[b, i] < i in parents [bs, N] (parents precede children)"
+            "expected -1 <= parents[b, i] < i in parents [bs, N] "
+            "(parents precede children)"
         )
 
 
 def check_int_vector(name: str, tensor: torch.Tensor, length: int) -> None:
-    """An int32/int64 vector of the given length (e.g. prefix lengths, one per request)."""
+    """An int32/int64 vector of the given length (e.g. prefix lengths per request)."""
     if not isinstance(tensor, torch.Tensor) or tensor.shape != (length,):
         got = (
             tuple(tensor.shape)

@@ -15,7 +15,8 @@ Conventions (those of SGLang's EAGLE tree kernels, ``build_tree_kernel_efficient
     allows the prefix, the root and itself (never empty).
   * tree-only mask        bool  [bs, N, N]: the last N columns of each FULL_MASK block
     (SGLang's QLEN_ONLY layout is its flattening, ``.reshape(-1)``).
-Single trees: pass parents of shape [N]; retrieve arrays come back [N], the tree mask [N, N].
+Single trees: pass parents of shape [N]; retrieve arrays come back [N], the tree mask
+[N, N].
 """
 
 from __future__ import annotations
@@ -59,10 +60,11 @@ def compile_ddtree_retrieve(
 
     parents:    int64 [bs, N] or [N] (a single tree: the arrays come back [N]); root -1,
                 node i's parent < i, padding -1. A built tree (``DDTreeBuildResult`` or
-                ``DDTreeBatch``) may be passed instead; its parents and weights are used.
+                ``DDTreeBatch``) may be passed instead; its parents and weights are
+                used.
     node_logws: optional float [bs, N] or [N] path log-weights; orders siblings by weight
-                descending (ties by slot). Without it siblings follow slot order, which is
-                the same order for trees from the DDTree builders.
+                descending (ties by slot). Without it siblings follow slot order, which
+                is the same order for trees from the DDTree builders.
     validate:   check the parent values (``check_parents_values``: two host reads, each
                 a device sync on CUDA); shapes are always checked. Per-step callers pass
                 False, and the compile then has no host read.
@@ -84,9 +86,8 @@ def compile_ddtree_retrieve(
     retrieve_index = (
         slot + torch.arange(bs, dtype=torch.int64, device=device)[:, None] * n
     )
-    order = _sibling_order(
-        parents, node_logws
-    )  # children grouped by parent, in sibling order
+    # Children grouped by parent, in sibling order.
+    order = _sibling_order(parents, node_logws)
     par_sorted = parents.gather(1, order)
     is_child = par_sorted >= 0
     next_in_order = torch.cat([order[:, 1:], torch.full_like(order[:, :1], -1)], dim=1)
@@ -131,9 +132,8 @@ def _tree_arrays(
         parents = tree.parents
         if node_logws is None and getattr(tree, "node_logws", None) is not None:
             node_logws = tree.node_logws
-            if (
-                node_logws.shape[-1] == parents.shape[-1] - 1
-            ):  # a heap result omits the root's 0.0
+            if node_logws.shape[-1] == parents.shape[-1] - 1:
+                # A heap result omits the root's 0.0.
                 root = torch.zeros(
                     node_logws.shape[:-1] + (1,),
                     dtype=node_logws.dtype,
@@ -180,7 +180,8 @@ def _sibling_order(
 def ddtree_positions(depths: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
     """Positions int64 [bs * N] = prefix_lens[b] + depth (padding, depth -1, -> prefix_len).
 
-    depths: int64 [bs, N] (root 0, padding -1); prefix_lens: int64 [bs] tokens before the root.
+    depths: int64 [bs, N] (root 0, padding -1); prefix_lens: int64 [bs] tokens before
+    the root.
     """
     depths = _as_batch(depths)
     check_tree_tensors(depths)
@@ -194,8 +195,8 @@ def ddtree_ancestor_mask(parents: torch.Tensor, validate: bool = True) -> torch.
     """Tree-only mask bool [bs, N, N]: [b, i, j] True iff j is i, an ancestor of i, or the root.
 
     A single tree, parents [N], gives [N, N]. Pointer doubling: ceil(log2 N) rounds of
-    [bs, N, N] ops, no host reads. validate=True checks the parent values first (two host
-    reads, device syncs on CUDA); per-step callers pass False.
+    [bs, N, N] ops, no host reads. validate=True checks the parent values first (two
+    host reads, device syncs on CUDA); per-step callers pass False.
     """
     if isinstance(parents, torch.Tensor) and parents.dim() == 1:
         return ddtree_ancestor_mask(parents[None], validate)[0]

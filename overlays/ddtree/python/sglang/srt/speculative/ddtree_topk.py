@@ -8,13 +8,14 @@ triple that is cheap to all-gather:
   top_logits  float32 [T, k]  the shard's k best logits, descending
   top_ids     int64   [T, k]  their GLOBAL token ids (vocab_start + local row)
   lse         float32 [T]     logsumexp over the shard's real rows (padding excluded)
-(T = rows, e.g. bs * L draft positions). When a shard has fewer than k real rows, the missing
-entries are logit -inf with id -1 and never win.
+(T = rows, e.g. bs * L draft positions). When a shard has fewer than k real rows, the
+missing entries are logit -inf with id -1 and never win.
 
-Merge: global lse = logsumexp of the shard lses; the k best (logit, id) pairs over all shards
-ordered by logit descending, ties to the lower global id; log-prob = logit - global lse. Ties
-are decided on the raw float32 logits, so the result equals the top-K of the concatenated
-full-vocabulary logits (same ids, same order; log-probs up to float32 rounding of the lse).
+Merge: global lse = logsumexp of the shard lses; the k best (logit, id) pairs over all
+shards ordered by logit descending, ties to the lower global id; log-prob = logit -
+global lse. Ties are decided on the raw float32 logits, so the result equals the top-K
+of the concatenated full-vocabulary logits (same ids, same order; log-probs up to
+float32 rounding of the lse).
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ def ddtree_shard_topk(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A shard's (top_logits [T, k] float32, top_ids [T, k] int64 global, lse [T] float32).
 
-    shard_logits: float [T, V_shard] (V_shard >= real_rows; rows past real_rows are padding).
-    Ties inside the shard go to the lower id (a stable sort), so the merge is deterministic.
+    shard_logits: float [T, V_shard] (V_shard >= real_rows; rows past real_rows are
+    padding). Ties inside the shard go to the lower id (a stable sort), so the merge is
+    deterministic.
     """
     if shard_logits.dim() != 2:
         raise ValueError(

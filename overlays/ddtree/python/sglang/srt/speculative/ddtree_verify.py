@@ -9,26 +9,28 @@ max draft depth + 1):
   retrive_next_token    int64   [bs, N]     first child, -1 = none
   retrive_next_sibling  int64   [bs, N]     next sibling, -1 = none
   predicts              int32   [bs * N]    written at accepted slots only: the token that
-                                            follows that slot (next accepted draft token, or
-                                            the bonus token at the last accepted slot)
+                                            follows that slot (next accepted draft
+                                            token, or the bonus token at the last
+                                            accepted slot)
   accept_index          int32   [bs, S]     global slots of the accepted path, root first;
                                             unused entries keep their initial value (-1)
   accept_token_num      int32   [bs]        accepted draft tokens (root excluded)
-The tokens a step emits for request b are predicts[accept_index[b, :accept_token_num[b] + 1]]:
-the accepted draft tokens followed by the bonus token.
+The tokens a step emits for request b are predicts[accept_index[b, :accept_token_num[b]
++ 1]]: the accepted draft tokens followed by the bonus token.
 
 Sampling follows ``tree_speculative_sampling_target_only`` of SGLang 0.5.23
-(``sglang/kernels/jit/include/sgl_kernel/speculative/sampling.cuh``) step for step, with the
-same float32 arithmetic: one coin per accepted slot (uniform_samples[b, slot], the root's
-first), a running float32 sum of target probabilities over the siblings tried at a level,
-accept sibling c iff p(c) > 0 and (coin < sum / threshold_acc or p(c) >= threshold_single),
-copy a rejected sibling's target prob into draft_probs (mutated in place, as the kernel
-does), and finally draw the bonus token from relu(target - draft) of the last accepted slot
-with uniform_samples_for_final_sampling[b] (draft term zero when all S - 1 levels were
-accepted). The accept/reject walk is bit-exact against the kernel; the final draw uses
-torch's float32 sum/cumsum where the kernel uses block-parallel ones, so the two can differ
-only when u = coin * sum lands within float32 rounding of a cdf boundary. On CUDA, when
-SGLang's JIT kernel imports, ``ddtree_verify_sampling`` runs the kernel itself.
+(``sglang/kernels/jit/include/sgl_kernel/speculative/sampling.cuh``) step for step, with
+the same float32 arithmetic: one coin per accepted slot (uniform_samples[b, slot], the
+root's first), a running float32 sum of target probabilities over the siblings tried at
+a level, accept sibling c iff p(c) > 0 and (coin < sum / threshold_acc or p(c) >=
+threshold_single), copy a rejected sibling's target prob into draft_probs (mutated in
+place, as the kernel does), and finally draw the bonus token from relu(target - draft)
+of the last accepted slot with uniform_samples_for_final_sampling[b] (draft term zero
+when all S - 1 levels were accepted). The accept/reject walk is bit-exact against the
+kernel; the final draw uses torch's float32 sum/cumsum where the kernel uses
+block-parallel ones, so the two can differ only when u = coin * sum lands within float32
+rounding of a cdf boundary. On CUDA, when SGLang's JIT kernel imports,
+``ddtree_verify_sampling`` runs the kernel itself.
 
 Per step: the verify functions check shapes only and never read values back on CUDA
 (kernel or torch twin; the twins stop their walk early on CPU only, where a read is
@@ -50,9 +52,9 @@ class DDTreeVerifyResult:
     """Outputs of one verify step; SGLang's three tensors plus the emitted tokens.
 
     predicts int32 [bs*N], accept_index int32 [bs, S], accept_token_num int32 [bs]
-    (SGLang layout, see the module docstring); emitted_tokens int64 [bs, S]: accepted draft
-    tokens then the bonus token, -1 padded; bonus_token int64 [bs]; accept_slots int64
-    [bs, S]: local slots of the accepted path (root 0 first), -1 padded.
+    (SGLang layout, see the module docstring); emitted_tokens int64 [bs, S]: accepted
+    draft tokens then the bonus token, -1 padded; bonus_token int64 [bs]; accept_slots
+    int64 [bs, S]: local slots of the accepted path (root 0 first), -1 padded.
     """
 
     predicts: torch.Tensor
@@ -115,8 +117,8 @@ def verify_tree_greedy_torch(
 ) -> None:
     """Torch twin of SGLang's ``verify_tree_greedy`` (same signature, outputs in place).
 
-    target_predict: int64 [bs, N], the target's argmax after each slot. Walks one slot visit
-    per iteration, N iterations, batched over requests, with no host reads.
+    target_predict: int64 [bs, N], the target's argmax after each slot. Walks one slot
+    visit per iteration, N iterations, batched over requests, with no host reads.
     """
     bs, n = candidates.shape
     s = accept_index.shape[1]
@@ -134,9 +136,8 @@ def verify_tree_greedy_torch(
     path = torch.full((bs, s + 1), -1, dtype=torch.int64, device=dev)  # column s: dump
     for _ in range(n):
         active = cur >= 0
-        if not cur.is_cuda and not bool(
-            active.any()
-        ):  # CPU: no device to sync, stop early
+        if not cur.is_cuda and not bool(active.any()):
+            # CPU: no device to sync, stop early.
             break
         safe = cur.clamp(min=0)
         match = active & (candidates[rows, safe].to(torch.int64) == target_flat[last])
@@ -202,11 +203,12 @@ def tree_speculative_sampling_target_only_torch(
     """Torch twin of SGLang's ``tree_speculative_sampling_target_only`` (same signature).
 
     uniform_samples float32 [bs, N]; uniform_samples_for_final_sampling float32 [bs];
-    target_probs, draft_probs float32 [bs, N, V] (draft_probs is mutated like the kernel's).
-    ``deterministic`` is accepted for signature parity; the torch path is always deterministic.
-    Thresholds follow the kernel's host wrapper: both must lie in [0, 1] (ValueError
-    otherwise), and threshold_acc is clamped to max(float32(threshold_acc), 1e-9f) before
-    the division (threshold_acc = 0 acts as 1e-9: no inf or NaN from 0 / 0).
+    target_probs, draft_probs float32 [bs, N, V] (draft_probs is mutated like the
+    kernel's). ``deterministic`` is accepted for signature parity; the torch path is
+    always deterministic. Thresholds follow the kernel's host wrapper: both must lie in
+    [0, 1] (ValueError otherwise), and threshold_acc is clamped to
+    max(float32(threshold_acc), 1e-9f) before the division (threshold_acc = 0 acts as
+    1e-9: no inf or NaN from 0 / 0).
     """
     _check_thresholds(threshold_single, threshold_acc)
     bs, n = candidates.shape
@@ -218,7 +220,9 @@ def tree_speculative_sampling_target_only_torch(
     # 0-dim device tensors (a Python scalar divisor would become a reciprocal multiply);
     # torch.full fills on the device, no host-to-device copy (a sync on CUDA).
     thr_single = torch.full((), float(threshold_single), dtype=f32, device=dev)
-    thr_acc = torch.full((), _clamped_threshold_acc(threshold_acc), dtype=f32, device=dev)
+    thr_acc = torch.full(
+        (), _clamped_threshold_acc(threshold_acc), dtype=f32, device=dev
+    )
     tp = target_probs.reshape(bs * n, vocab)
     dp = draft_probs.view(bs * n, vocab)
     coins = uniform_samples.reshape(bs * n).to(f32)
@@ -238,9 +242,8 @@ def tree_speculative_sampling_target_only_torch(
     tokens_out = torch.full((bs, s + 1), -1, dtype=torch.int64, device=dev)
     for _ in range(n):
         active = cur >= 0
-        if not cur.is_cuda and not bool(
-            active.any()
-        ):  # CPU: no device to sync, stop early
+        if not cur.is_cuda and not bool(active.any()):
+            # CPU: no device to sync, stop early.
             break
         safe = cur.clamp(min=0)
         token = candidates[rows, safe].to(torch.int64)
@@ -310,8 +313,8 @@ def _sample_residual(
 ) -> torch.Tensor:
     """Kernel's final draw, batched: first index with relu(q - p) > 0 and cdf > coin * sum.
 
-    q, p float32 [bs, V]; use_draft bool [bs] (False: the draft term is zero); coin [bs].
-    Fallbacks as in the kernel: the last index with positive mass, else V - 1.
+    q, p float32 [bs, V]; use_draft bool [bs] (False: the draft term is zero); coin
+    [bs]. Fallbacks as in the kernel: the last index with positive mass, else V - 1.
     """
     vocab = q.shape[1]
     p = torch.where(use_draft[:, None], p, torch.zeros_like(p))
@@ -350,8 +353,9 @@ def ddtree_verify_greedy(
 ) -> DDTreeVerifyResult:
     """Greedy verify. candidates int64 [bs, N]; target_predict int64 [bs, N] (argmax per slot).
 
-    num_speculative_tokens = max draft depth + 1 (accept_index width). use_kernel: None =
-    SGLang's kernel on CUDA when it imports, False = torch twin, True = kernel or raise.
+    num_speculative_tokens = max draft depth + 1 (accept_index width). use_kernel: None
+    = SGLang's kernel on CUDA when it imports, False = torch twin, True = kernel or
+    raise.
     """
     _check_verify_inputs(candidates, retrieve, num_speculative_tokens)
     if target_predict.shape != candidates.shape:
@@ -389,9 +393,9 @@ def ddtree_verify_sampling(
 ) -> DDTreeVerifyResult:
     """Sampling verify. target_probs float32 [bs, N, V]; coins float32 [bs, N] and [bs].
 
-    draft_probs float32 [bs, N, V] defaults to zeros (SGLang's tree path); it is mutated.
-    Thresholds 1.0 with zero draft_probs make the emitted tokens distributed exactly as
-    sampling from the target (requires distinct sibling tokens).
+    draft_probs float32 [bs, N, V] defaults to zeros (SGLang's tree path); it is
+    mutated. Thresholds 1.0 with zero draft_probs make the emitted tokens distributed
+    exactly as sampling from the target (requires distinct sibling tokens).
     """
     _check_verify_inputs(candidates, retrieve, num_speculative_tokens)
     bs, n = candidates.shape
