@@ -1,4 +1,4 @@
-"""Batched DDTree builder: the heap builder's trees for [bs, L, K] drafts, as tensor ops.
+"""Batched DDTree builder: the heap builder's trees for [bs, L, K] drafts, tensor ops.
 
 Output contract (``DDTreeBatch``; N = budget + 1 slots per request, slot 0 = root):
   tokens      int64   [bs, N]  slot 0 = root_tokens[b] (or -1 when none given);
@@ -153,7 +153,7 @@ def count_possible_nodes(depth: int, k: int, cap: int) -> int:
 
 @dataclass
 class _Level:
-    """Nodes kept at one depth, in key order; [bs, n]. Invalid slots (weight -inf) come last.
+    """Nodes kept at one depth, [bs, n] in key order; invalid slots (weight -inf) last.
 
     ``lexpos`` (lexicographic rank of the slot's rank tuple within the level; invalid
     slots keep their own slot number) and its inverse ``slot_of_lex`` are only needed to
@@ -190,7 +190,7 @@ def _build_single(
     budget: int,
     root_tokens: Optional[torch.Tensor],
 ) -> DDTreeBatch:
-    """One request on CPU: the heap loop itself (the reference), padded into a DDTreeBatch.
+    """One request on CPU: the heap loop itself (the reference) as a DDTreeBatch.
 
     With nothing to batch, ~100 tensor ops of a few microseconds each cost more than the
     heap's ``budget`` pops; the heap forms the same float64 sums, so the result is the
@@ -269,7 +269,7 @@ def _root_level(bs: int, device: torch.device) -> _Level:
 
 
 def _first_level(lp_1: torch.Tensor, budget: int) -> _Level:
-    """Depth 1: the root's children j < min(K, budget), already in key order (rank order)."""
+    """Depth 1: the root's children j < min(K, budget), in key order (= rank order)."""
     bs, k = lp_1.shape
     n = min(k, budget)
     ranks = torch.arange(n, dtype=torch.int64, device=lp_1.device).expand(bs, n)
@@ -292,7 +292,7 @@ def _top_values(weight: torch.Tensor, budget: int) -> torch.Tensor:
 
 
 def _pool_floor(best: torch.Tensor, budget: int) -> Optional[torch.Tensor]:
-    """[bs, 1] weight floor: the budget-th best weight kept so far (None while fewer kept).
+    """[bs, 1] floor: the budget-th best weight kept so far (None while fewer are kept).
 
     ``best`` holds the best min(budget, kept) weights per row, unordered.
 
@@ -379,7 +379,7 @@ def _expand_level(
     keep = min(budget, weight.shape[1])
 
     def lexkey(idx: torch.Tensor) -> torch.Tensor:
-        """Lexicographic key of the candidates' rank tuples: lexpos(parent) * K + rank."""
+        """Lexicographic key of candidates' rank tuples: lexpos(parent) * K + rank."""
         parent_lexpos = _ensure_lexpos(levels, len(levels) - 1)
         return parent_lexpos.gather(1, pairs.slots.take(idx)) * k + pairs.ranks.take(
             idx
@@ -391,7 +391,8 @@ def _expand_level(
     return _Level(weight=values, parent=parent, rank=pairs.ranks.take(order))
 
 
-# Narrowing the pairs to the floor costs ~10 small ops; it pays off from about this many scores.
+# Narrowing the pairs to the floor costs ~10 small ops; it pays off from about this
+# many scores (parents x ranks x bs).
 _NARROW_MIN_SCORES = 16384
 
 
@@ -429,7 +430,7 @@ _KEY_LIMIT = 2**62  # exclusive bound of the integer tie-break keys (int64)
 def _select_by_key(
     weight: torch.Tensor, lexkey, keep: int, lex_range: int, dynamic: bool
 ):
-    """The ``keep`` smallest keys (-weight, lexkey) per row, in key order: (indices, weights).
+    """(indices, weights) of the ``keep`` smallest keys (-weight, lexkey) per row.
 
     ``lexkey(idx)`` returns the int64 lexicographic keys (< lex_range, unique among
     valid entries) of the entries ``idx`` [bs, m]; it is only called when weights tie.
@@ -477,7 +478,7 @@ def _sort_by_key(weight: torch.Tensor, lexkey: torch.Tensor) -> torch.Tensor:
 
 
 def _inverse_permutation(perm: torch.Tensor) -> torch.Tensor:
-    """inv [bs, M] with inv[b, perm[b, i]] = i (perm is a permutation of 0..M-1 per row)."""
+    """inv [bs, M] with inv[b, perm[b, i]] = i (perm permutes 0..M-1 in each row)."""
     ids = torch.arange(perm.shape[1], device=perm.device).expand_as(perm)
     return torch.empty_like(perm).scatter_(1, perm, ids)
 
@@ -510,7 +511,7 @@ def _ensure_lexpos(levels: list[_Level], d: int) -> torch.Tensor:
 
 
 def _preorder(levels: list[_Level]) -> list[torch.Tensor]:
-    """Preorder index of each kept slot in the trie of kept nodes (children in rank order)."""
+    """Preorder index of each kept slot in the trie of kept nodes (children by rank)."""
     for d in range(len(levels)):
         _ensure_lexpos(levels, d)
     sizes = [lvl.valid.to(torch.int64) for lvl in levels]
@@ -544,7 +545,7 @@ def _assemble(
     root_tokens: Optional[torch.Tensor],
     dynamic: bool,
 ) -> DDTreeBatch:
-    """Global best ``budget`` over the kept levels, in key order, as padded [bs, N] tensors.
+    """Global best ``budget`` over the kept levels, in key order, padded to [bs, N].
 
     Across depths the lexicographic key is the preorder index in the trie of kept nodes;
     it is only computed when weights tie (see ``_select_by_key``).
@@ -571,7 +572,8 @@ def _assemble(
 
     order, sel_weight = _select_by_key(weight, preorder, real, 1 + sum(sizes), dynamic)
     level_of, offset_of = _level_tables(sizes, device)
-    # Parents as indices into the concatenated kept levels; depth-1 parents (the root) -> -1.
+    # Parents as indices into the concatenated kept levels; the root (parent of depth 1)
+    # becomes -1.
     parent_flat = torch.cat(
         [kept[0].parent - 1]
         + [lvl.parent + offset_of[d] for d, lvl in enumerate(kept[1:])],
@@ -609,7 +611,7 @@ def _assemble(
 
 @functools.lru_cache(maxsize=256)
 def _level_tables(sizes: tuple[int, ...], device) -> tuple[torch.Tensor, list[int]]:
-    """Depth of each slot of the concatenated kept levels, and each level's first slot."""
+    """Depth of each slot of the concatenated kept levels; each level's first slot."""
     level_of = torch.cat(
         [torch.full((n,), d + 1, dtype=torch.int64) for d, n in enumerate(sizes)]
     ).to(device)

@@ -2,8 +2,8 @@
 
     python -m sglang.srt.speculative.ddtree_build --arch 12.0 [--cache-dir D] [--json]
 
-Compiles, through SGLang's own ``load_jit`` under ``override_jit_cuda_arch`` (so the cache
-keys are exactly the ones a server computes at run time):
+Compiles, through SGLang's own ``load_jit`` under ``override_jit_cuda_arch`` (so the
+cache keys are exactly the ones a server computes at run time):
   * ``speculative_ddtree``   the DDTree tree-build kernel (ddtree_kernel.py),
   * ``speculative_tree``     SGLang's tree module (greedy verify),
   * ``speculative_sampling`` SGLang's sampling verify, when flashinfer's headers are
@@ -78,7 +78,7 @@ def _shared_objects(root: Path) -> set[Path]:
 
 
 def _find_leaf(root: Path, module: str) -> Optional[Path]:
-    """Newest cached .so of `module` (the cache names its directory sgl_kernel_jit_<module>...)."""
+    """Newest cached .so of `module` (cached under sgl_kernel_jit_<module>...)."""
     found = [
         p
         for p in _shared_objects(root)
@@ -135,7 +135,8 @@ def _sampling_loader(vocab_size: int) -> Callable[[], object]:
     def load() -> object:
         from sglang.kernels.ops.speculative.sampling import _jit_sampling_module
 
-        # Same arguments as tree_speculative_sampling_target_only (DFlash passes deterministic=True).
+        # Same arguments as tree_speculative_sampling_target_only (DFlash passes
+        # deterministic=True).
         return _jit_sampling_module(math.gcd(4, vocab_size), True)
 
     return load
@@ -144,7 +145,10 @@ def _sampling_loader(vocab_size: int) -> Callable[[], object]:
 def sampling_skip_reason() -> Optional[str]:
     """Why speculative_sampling cannot be built here, or None when it can."""
     if importlib.util.find_spec("flashinfer") is None:
-        return "flashinfer is not installed in this python env (speculative_sampling needs its headers)"
+        return (
+            "flashinfer is not installed in this python env "
+            "(speculative_sampling needs its headers)"
+        )
     try:
         from sglang.kernels.jit.utils.deps import REGISTERED_DEPENDENCIES
 
@@ -165,13 +169,17 @@ def build_all(
     only: Optional[list[str]] = None,
     log: Callable[[str], None] = lambda s: None,
 ) -> BuildSummary:
-    """Build the modules (all, or `only`) for (major, minor) into the configured SGLANG_JIT_CACHE_DIR."""
+    """Build the modules (all, or `only`) for (major, minor).
+
+    The builds land in the configured SGLANG_JIT_CACHE_DIR.
+    """
     from sglang.kernels.jit.utils import override_jit_cuda_arch
     from sglang.kernels.jit.utils.compile.cache import cache_root
 
     arch = f"{major}.{minor}"
     root = cache_root()
-    # Building without a GPU is the point: SGLang's "Cannot detect CUDA architecture" is noise here.
+    # Building without a GPU is the point: SGLang's "Cannot detect CUDA architecture"
+    # is noise here.
     logging.getLogger("sglang.kernels.jit.utils.arch").setLevel(logging.ERROR)
     summary = BuildSummary(arch=arch, cache_dir=str(root))
     modules = [
@@ -215,7 +223,8 @@ def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
         "--vocab-size",
         type=int,
         default=KIMI_K2_VOCAB,
-        help="target vocab size; picks the sampling kernel variant (default: Kimi K2.6)",
+        help="target vocab size; picks the sampling kernel variant "
+        "(default: Kimi K2.6)",
     )
     p.add_argument(
         "--modules", nargs="+", choices=MODULES, help="build only these (default: all)"
@@ -223,8 +232,8 @@ def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument(
         "--force",
         action="store_true",
-        help="recompile even when the cache has a build (SGLANG_JIT_FORCE_RECOMPILE; an existing "
-        "cache entry is kept, delete it for a fresh one)",
+        help="recompile even when the cache has a build (SGLANG_JIT_FORCE_RECOMPILE; "
+        "an existing cache entry is kept, delete it for a fresh one)",
     )
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     return p.parse_args(argv)

@@ -47,7 +47,7 @@ def check_budget(budget: int) -> None:
 def check_draft_shapes(
     log_probs: torch.Tensor, token_ids: torch.Tensor, batched: bool
 ) -> None:
-    """log_probs float [L, K] (or [bs, L, K]) and token_ids int32/int64 of the same shape."""
+    """log_probs float [L, K] (or [bs, L, K]); token_ids int32/int64, the same shape."""
     want = "[bs, L, K]" if batched else "[L, K]"
     ndim = 3 if batched else 2
     if not isinstance(log_probs, torch.Tensor) or not isinstance(

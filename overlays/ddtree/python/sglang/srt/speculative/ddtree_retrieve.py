@@ -1,22 +1,22 @@
-"""Compile a DDTree into SGLang's verify inputs: retrieve arrays, positions, attention mask.
+"""Compile a DDTree into SGLang's verify inputs: retrieve arrays, positions, the mask.
 
 Conventions (those of SGLang's EAGLE tree kernels, ``build_tree_kernel_efficient``):
   * N = budget + 1 slots per request, slot 0 = root; padding slots have parent -1.
-  * retrieve_index        int64 [bs, N]  global slot b * N + i, for every slot (padding too).
+  * retrieve_index        int64 [bs, N]  global slot b * N + i (padding slots too).
   * retrieve_next_token   int64 [bs, N]  local index of the first child, -1 = none.
   * retrieve_next_sibling int64 [bs, N]  local index of the next sibling, -1 = none.
     Siblings are ordered by cumulative log-weight descending, ties by slot index; for a
     DDTree in heap order that is simply slot order. Padding slots: -1 / -1.
   * positions             int64 [bs * N] prefix_len[b] + depth (root = prefix_len[b]);
     padding slots get prefix_len[b] (they are never accepted).
-  * FULL_MASK             bool  [sum_b N * (seq_len[b] + N)]: per request an N x (seq_len + N)
-    row-major block, requests concatenated in batch order; row i allows (True) every prefix
-    column, the root column, the columns of i's ancestors and of i itself. A padding row
-    allows the prefix, the root and itself (never empty).
+  * FULL_MASK             bool  [sum_b N * (seq_len[b] + N)]: per request an
+    N x (seq_len + N) row-major block, requests concatenated in batch order; row i
+    allows (True) every prefix column, the root column, the columns of i's ancestors and
+    of i itself. A padding row allows the prefix, the root and itself (never empty).
   * tree-only mask        bool  [bs, N, N]: the last N columns of each FULL_MASK block
     (SGLang's QLEN_ONLY layout is its flattening, ``.reshape(-1)``).
-Single trees: pass parents of shape [N]; retrieve arrays come back [N], the tree mask
-[N, N].
+Single trees: pass parents of shape [N]; retrieve arrays come back [N], the tree
+mask [N, N].
 """
 
 from __future__ import annotations
@@ -62,13 +62,14 @@ def compile_ddtree_retrieve(
                 node i's parent < i, padding -1. A built tree (``DDTreeBuildResult`` or
                 ``DDTreeBatch``) may be passed instead; its parents and weights are
                 used.
-    node_logws: optional float [bs, N] or [N] path log-weights; orders siblings by weight
-                descending (ties by slot). Without it siblings follow slot order, which
-                is the same order for trees from the DDTree builders.
+    node_logws: optional float [bs, N] or [N] path log-weights; orders siblings by
+                weight descending (ties by slot). Without it siblings follow slot
+                order, which is the same order for trees from the DDTree builders.
     validate:   check the parent values (``check_parents_values``: two host reads, each
                 a device sync on CUDA); shapes are always checked. Per-step callers pass
                 False, and the compile then has no host read.
-    budget:     pad a single tree to N = budget + 1 slots (a heap result has only its nodes).
+    budget:     pad a single tree to N = budget + 1 slots (a heap result has only its
+                nodes).
     """
     parents, node_logws = _tree_arrays(parents, node_logws, budget)
     single = isinstance(parents, torch.Tensor) and parents.dim() == 1
@@ -100,7 +101,8 @@ def compile_ddtree_retrieve(
         [torch.full_like(par_sorted[:, :1], -2), par_sorted[:, :-1]], dim=1
     )
     first = is_child & (prev_par != par_sorted)
-    # Scatter each first child into its parent's slot; non-first entries go to a dump column.
+    # Scatter each first child into its parent's slot; the other entries go to a dump
+    # column (n).
     target = torch.where(first, par_sorted, n)
     next_token = torch.full((bs, n + 1), -1, dtype=torch.int64, device=device)
     next_token.scatter_(1, target, torch.where(first, order, -1))
@@ -126,7 +128,7 @@ def _tree_arrays(
     node_logws: Optional[torch.Tensor],
     budget: Optional[int],
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """(parents, node_logws) from tensors or a built tree, padded to budget + 1 slots if asked."""
+    """(parents, node_logws) of tensors or a built tree, padded when budget is given."""
     parents = tree
     if not isinstance(tree, torch.Tensor) and hasattr(tree, "parents"):
         parents = tree.parents
@@ -147,7 +149,8 @@ def _tree_arrays(
             or budget + 1 < parents.shape[-1]
         ):
             raise ValueError(
-                f"expected budget >= {parents.shape[-1] - 1} (the tree's nodes), got {budget}"
+                f"expected budget >= {parents.shape[-1] - 1} (the tree's nodes), "
+                f"got {budget}"
             )
         pad = budget + 1 - parents.shape[-1]
         parents = torch.nn.functional.pad(parents, (0, pad), value=-1)
@@ -178,7 +181,7 @@ def _sibling_order(
 
 
 def ddtree_positions(depths: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
-    """Positions int64 [bs * N] = prefix_lens[b] + depth (padding, depth -1, -> prefix_len).
+    """Positions int64 [bs * N] = prefix_lens[b] + depth (padding, depth -1: prefix).
 
     depths: int64 [bs, N] (root 0, padding -1); prefix_lens: int64 [bs] tokens before
     the root.
@@ -192,7 +195,7 @@ def ddtree_positions(depths: torch.Tensor, prefix_lens: torch.Tensor) -> torch.T
 
 
 def ddtree_ancestor_mask(parents: torch.Tensor, validate: bool = True) -> torch.Tensor:
-    """Tree-only mask bool [bs, N, N]: [b, i, j] True iff j is i, an ancestor of i, or the root.
+    """Tree-only mask bool [bs, N, N]: [b, i, j] iff j is i, i's ancestor or the root.
 
     A single tree, parents [N], gives [N, N]. Pointer doubling: ceil(log2 N) rounds of
     [bs, N, N] ops, no host reads. validate=True checks the parent values first (two
@@ -219,7 +222,7 @@ def ddtree_ancestor_mask(parents: torch.Tensor, validate: bool = True) -> torch.
     reach[:, :, n] = False
     steps = 1
     while steps < n:
-        # reach_k[i] holds i and its first k - 1 ancestors; add those of the k-th ancestor.
+        # reach_k[i] holds i and its first k - 1 ancestors; add the k-th ancestor's.
         reach = reach | reach.gather(1, jump[:, :, None].expand(bs, n + 1, n + 1))
         jump = jump.gather(1, jump)
         steps *= 2
@@ -236,10 +239,11 @@ def ddtree_full_mask(
 ) -> torch.Tensor:
     """SGLang FULL_MASK: bool [seq_lens_sum * N + bs * N * N], see the module docstring.
 
-    parents:      int64 [bs, N]; seq_lens: int64 [bs], prefix tokens per request (without the
-    draft); seq_lens_sum: their sum as a host int (pass it to avoid a device read).
-    validate: check the parent values (two host reads, device syncs on CUDA). With
-    validate=False and seq_lens_sum given, the mask is built without any host read.
+    parents:      int64 [bs, N].
+    seq_lens:     int64 [bs], prefix tokens per request (without the draft).
+    seq_lens_sum: their sum as a host int (pass it to avoid a device read).
+    validate:     check the parent values (two host reads, device syncs on CUDA). With
+                  validate=False and seq_lens_sum given, no host read at all.
     """
     parents = _as_batch(parents)
     tree = ddtree_ancestor_mask(parents, validate=validate)

@@ -1,10 +1,10 @@
 """Top-K draft log-probs across tensor-parallel vocabulary shards, as pure functions.
 
 With the LM head split over TP ranks, rank r holds logits for global ids
-[vocab_start_r, vocab_start_r + real_rows_r) plus, possibly, padding rows at the end of its
-slice (vocabulary padded to a multiple). DDTree needs per depth the global top-K tokens and
-their log-probs normalised over the whole real vocabulary. Each rank reduces its slice to a
-triple that is cheap to all-gather:
+[vocab_start_r, vocab_start_r + real_rows_r) plus, possibly, padding rows at the end of
+its slice (vocabulary padded to a multiple). DDTree needs per depth the global top-K
+tokens and their log-probs normalised over the whole real vocabulary. Each rank reduces
+its slice to a triple that is cheap to all-gather:
   top_logits  float32 [T, k]  the shard's k best logits, descending
   top_ids     int64   [T, k]  their GLOBAL token ids (vocab_start + local row)
   lse         float32 [T]     logsumexp over the shard's real rows (padding excluded)
@@ -38,7 +38,7 @@ def _sort_desc_lower_id_first(values: torch.Tensor, ids: torch.Tensor) -> torch.
 def ddtree_shard_topk(
     shard_logits: torch.Tensor, k: int, vocab_start: int, real_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A shard's (top_logits [T, k] float32, top_ids [T, k] int64 global, lse [T] float32).
+    """A shard's triple: top_logits float32 [T, k], global ids int64 [T, k], lse [T].
 
     shard_logits: float [T, V_shard] (V_shard >= real_rows; rows past real_rows are
     padding). Ties inside the shard go to the lower id (a stable sort), so the merge is
@@ -46,11 +46,13 @@ def ddtree_shard_topk(
     """
     if shard_logits.dim() != 2:
         raise ValueError(
-            f"expected shard_logits of shape [T, V_shard], got {tuple(shard_logits.shape)}"
+            "expected shard_logits of shape [T, V_shard], "
+            f"got {tuple(shard_logits.shape)}"
         )
     if not 0 <= real_rows <= shard_logits.shape[1]:
         raise ValueError(
-            f"expected 0 <= real_rows <= V_shard = {shard_logits.shape[1]}, got {real_rows}"
+            f"expected 0 <= real_rows <= V_shard = {shard_logits.shape[1]}, "
+            f"got {real_rows}"
         )
     if k < 1:
         raise ValueError(f"expected k >= 1, got {k}")
@@ -100,14 +102,16 @@ def merge_ddtree_topk(
             or lse.shape != (rows,)
         ):
             raise ValueError(
-                f"expected shard {r}: top_logits and top_ids [{rows}, k_r], lse [{rows}], got "
-                f"{tuple(vals.shape)}, {tuple(ids.shape)}, {tuple(lse.shape)}"
+                f"expected shard {r}: top_logits and top_ids [{rows}, k_r], "
+                f"lse [{rows}], got {tuple(vals.shape)}, {tuple(ids.shape)}, "
+                f"{tuple(lse.shape)}"
             )
     values = torch.cat([v.to(torch.float32) for v in top_logits], dim=1)
     ids = torch.cat([i.to(torch.int64) for i in top_ids], dim=1)
     if values.shape[1] < k:
         raise ValueError(
-            f"expected at least k = {k} candidates over all shards, got {values.shape[1]}"
+            f"expected at least k = {k} candidates over all shards, "
+            f"got {values.shape[1]}"
         )
     lse = torch.logsumexp(
         torch.stack([l.to(torch.float32) for l in lses], dim=0), dim=0

@@ -81,11 +81,11 @@ def build_ddtree_tree_from_topk(
 def _pop_nodes(
     lp: list[list[float]], ids: list[list[int]], budget: int
 ) -> DDTreeBuildResult:
-    """The heap loop itself; weights are Python floats (IEEE float64), formed root -> leaf."""
+    """The heap loop itself; weights are Python floats (IEEE float64), root -> leaf."""
     depth_limit, k = len(lp), len(lp[0])
     weights, parents, depths, ranks, tokens = [0.0], [-1], [0], [-1], []
     child_maps: list[dict[int, int]] = [{}]
-    # Entry: (-weight, rank tuple, parent node, weight); the rank tuple makes keys unique.
+    # Entry: (-weight, rank tuple, parent node, weight); rank tuples make keys unique.
     heap = [(-(0.0 + lp[0][0]), (0,), 0, 0.0 + lp[0][0])] if budget > 0 else []
     while heap and len(tokens) < budget:
         _, path, parent, weight = heapq.heappop(heap)

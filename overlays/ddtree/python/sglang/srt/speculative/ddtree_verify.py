@@ -1,22 +1,24 @@
 """Verify a DDTree against the target: greedy and sampling (SGLang kernel semantics).
 
-Both verifies walk SGLang's retrieve arrays (see ``ddtree_retrieve``) from the root: at each
-level they scan the children of the last accepted node in sibling order and accept at most
-one. Layout (SGLang's, bs requests, N = budget + 1 slots, S = num_speculative_tokens =
-max draft depth + 1):
+Both verifies walk SGLang's retrieve arrays (see ``ddtree_retrieve``) from the root: at
+each level they scan the children of the last accepted node in sibling order and accept
+at most one. Layout (SGLang's, bs requests, N = budget + 1 slots,
+S = num_speculative_tokens = max draft depth + 1):
   candidates            int64   [bs, N]     token per slot (slot 0 = root)
   retrive_index         int64   [bs, N]     b * N + i
   retrive_next_token    int64   [bs, N]     first child, -1 = none
   retrive_next_sibling  int64   [bs, N]     next sibling, -1 = none
-  predicts              int32   [bs * N]    written at accepted slots only: the token that
-                                            follows that slot (next accepted draft
-                                            token, or the bonus token at the last
-                                            accepted slot)
-  accept_index          int32   [bs, S]     global slots of the accepted path, root first;
-                                            unused entries keep their initial value (-1)
+  predicts              int32   [bs * N]    written at accepted slots only: the token
+                                            that follows that slot (next accepted
+                                            draft token, or the bonus token at the
+                                            last accepted slot)
+  accept_index          int32   [bs, S]     global slots of the accepted path, root
+                                            first; unused entries keep their initial
+                                            value (-1)
   accept_token_num      int32   [bs]        accepted draft tokens (root excluded)
-The tokens a step emits for request b are predicts[accept_index[b, :accept_token_num[b]
-+ 1]]: the accepted draft tokens followed by the bonus token.
+The tokens a step emits for request b are
+predicts[accept_index[b, :accept_token_num[b] + 1]]: the accepted draft tokens followed
+by the bonus token.
 
 Sampling follows ``tree_speculative_sampling_target_only`` of SGLang 0.5.23
 (``sglang/kernels/jit/include/sgl_kernel/speculative/sampling.cuh``) step for step, with
@@ -74,11 +76,13 @@ def _check_verify_inputs(
         tensor = getattr(retrieve, name)
         if tensor.shape != candidates.shape:
             raise ValueError(
-                f"expected {name} of shape {tuple(candidates.shape)} (as candidates [bs, N]), got {tuple(tensor.shape)}"
+                f"expected {name} of shape {tuple(candidates.shape)} "
+                f"(as candidates [bs, N]), got {tuple(tensor.shape)}"
             )
     if num_speculative_tokens < 1:
         raise ValueError(
-            f"expected num_speculative_tokens >= 1 (max depth + 1), got {num_speculative_tokens}"
+            "expected num_speculative_tokens >= 1 (max depth + 1), "
+            f"got {num_speculative_tokens}"
         )
 
 
@@ -174,7 +178,7 @@ def _write_predicts(
     num: torch.Tensor,
     values: torch.Tensor,
 ) -> None:
-    """predicts[accept_index[b, k]] = values[b, k] for k <= num[b]; others go to a dump slot."""
+    """predicts[accept_index[b, k]] = values[b, k] for k <= num[b] (others: a dump)."""
     bs, s = accept_index.shape
     used = torch.arange(s, device=num.device)[None, :] <= num[:, None]
     dump = predicts.numel()
@@ -200,7 +204,7 @@ def tree_speculative_sampling_target_only_torch(
     threshold_acc: float = 1.0,
     deterministic: bool = True,
 ) -> None:
-    """Torch twin of SGLang's ``tree_speculative_sampling_target_only`` (same signature).
+    """Torch twin of SGLang's ``tree_speculative_sampling_target_only`` (same args).
 
     uniform_samples float32 [bs, N]; uniform_samples_for_final_sampling float32 [bs];
     target_probs, draft_probs float32 [bs, N, V] (draft_probs is mutated like the
@@ -251,7 +255,8 @@ def tree_speculative_sampling_target_only_torch(
         prob_acc = torch.where(active, prob_acc + p, prob_acc)
         accept = active & (p > 0) & ((coin < prob_acc / thr_acc) | (p >= thr_single))
         reject = active & ~accept
-        # A rejected sibling's target prob moves into draft_probs (the kernel's residual).
+        # A rejected sibling's target prob moves into draft_probs (the kernel's
+        # residual).
         dp[prob_row, token] = torch.where(
             reject, tp[prob_row, token], dp[prob_row, token]
         )
@@ -290,7 +295,7 @@ def tree_speculative_sampling_target_only_torch(
 
 
 def _check_thresholds(threshold_single: float, threshold_acc: float) -> None:
-    """The kernel host wrapper's range checks (``CHECK_HOST`` in SGLang's csrc sampling.cuh)."""
+    """The kernel host wrapper's range checks (``CHECK_HOST``, csrc sampling.cuh)."""
     for name, value in (
         ("threshold_single", threshold_single),
         ("threshold_acc", threshold_acc),
@@ -311,7 +316,7 @@ def _clamped_threshold_acc(threshold_acc: float) -> float:
 def _sample_residual(
     q: torch.Tensor, p: torch.Tensor, use_draft: torch.Tensor, coin: torch.Tensor
 ) -> torch.Tensor:
-    """Kernel's final draw, batched: first index with relu(q - p) > 0 and cdf > coin * sum.
+    """Kernel's final draw, batched: first index with relu(q - p) > 0, cdf > coin * sum.
 
     q, p float32 [bs, V]; use_draft bool [bs] (False: the draft term is zero); coin
     [bs]. Fallbacks as in the kernel: the last index with positive mass, else V - 1.
@@ -331,7 +336,7 @@ def _sample_residual(
 
 
 def _sglang_kernel(name: str):
-    """SGLang's JIT op ``name`` on CUDA, or None where it does not import (lazy by design)."""
+    """SGLang's JIT op ``name`` on CUDA, or None where it does not import (lazily)."""
     try:
         if name == "sampling":
             from sglang.kernels.ops.speculative.sampling import (
@@ -351,7 +356,7 @@ def ddtree_verify_greedy(
     num_speculative_tokens: int,
     use_kernel: Optional[bool] = None,
 ) -> DDTreeVerifyResult:
-    """Greedy verify. candidates int64 [bs, N]; target_predict int64 [bs, N] (argmax per slot).
+    """Greedy verify: candidates int64 [bs, N], target_predict int64 [bs, N] (argmax).
 
     num_speculative_tokens = max draft depth + 1 (accept_index width). use_kernel: None
     = SGLang's kernel on CUDA when it imports, False = torch twin, True = kernel or
@@ -360,7 +365,8 @@ def ddtree_verify_greedy(
     _check_verify_inputs(candidates, retrieve, num_speculative_tokens)
     if target_predict.shape != candidates.shape:
         raise ValueError(
-            f"expected target_predict of shape {tuple(candidates.shape)} ([bs, N]), got {tuple(target_predict.shape)}"
+            f"expected target_predict of shape {tuple(candidates.shape)} ([bs, N]), "
+            f"got {tuple(target_predict.shape)}"
         )
     bs, n = candidates.shape
     outs = _alloc_outputs(bs, n, num_speculative_tokens, candidates.device)
@@ -401,13 +407,15 @@ def ddtree_verify_sampling(
     bs, n = candidates.shape
     if target_probs.dim() != 3 or target_probs.shape[:2] != (bs, n):
         raise ValueError(
-            f"expected target_probs of shape [{bs}, {n}, V], got {tuple(target_probs.shape)}"
+            f"expected target_probs of shape [{bs}, {n}, V], "
+            f"got {tuple(target_probs.shape)}"
         )
     if uniform_samples.shape != (bs, n) or uniform_samples_for_final_sampling.shape != (
         bs,
     ):
         raise ValueError(
-            f"expected uniform_samples [{bs}, {n}] and uniform_samples_for_final_sampling [{bs}]"
+            f"expected uniform_samples [{bs}, {n}] and "
+            f"uniform_samples_for_final_sampling [{bs}]"
         )
     target_probs = target_probs.to(torch.float32).contiguous()
     if draft_probs is None:
@@ -418,7 +426,8 @@ def ddtree_verify_sampling(
         or not draft_probs.is_contiguous()
     ):
         raise ValueError(
-            f"expected draft_probs contiguous float32 of shape {tuple(target_probs.shape)} (it is written in place)"
+            "expected draft_probs contiguous float32 of shape "
+            f"{tuple(target_probs.shape)} (it is written in place)"
         )
     outs = _alloc_outputs(bs, n, num_speculative_tokens, candidates.device)
     op = _pick(use_kernel, candidates, "sampling")
