@@ -1,4 +1,4 @@
-"""Batched builder: equals the heap builder exactly (order, ties, padding) on random drafts."""
+"""Batched builder: equals the heap builder exactly (order, ties, padding)."""
 
 from __future__ import annotations
 

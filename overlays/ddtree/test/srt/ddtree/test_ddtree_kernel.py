@@ -37,10 +37,12 @@ HOST_SHIM = r"""
 #include "ddtree_core.cuh"
 #include <vector>
 using namespace sglang::ddtree;
-extern "C" int ddtree_build_host(const double* lp, const int64_t* ids, const int64_t* root_tokens,
-    const int64_t* prefix_lens, int bs, int L, int K, int budget, int64_t* tokens, int64_t* depths,
-    int64_t* parents, int64_t* ranks, double* node_logws, int64_t* positions, int64_t* retrieve_index,
-    int64_t* next_token, int64_t* next_sibling, bool* mask) {
+extern "C" int ddtree_build_host(
+    const double* lp, const int64_t* ids, const int64_t* root_tokens,
+    const int64_t* prefix_lens, int bs, int L, int K, int budget, int64_t* tokens,
+    int64_t* depths, int64_t* parents, int64_t* ranks, double* node_logws,
+    int64_t* positions, int64_t* retrieve_index, int64_t* next_token,
+    int64_t* next_sibling, bool* mask) {
   const int N = budget + 1;
   std::vector<Candidate> heap(N);
   std::vector<double> w(N);
@@ -49,12 +51,16 @@ extern "C" int ddtree_build_host(const double* lp, const int64_t* ids, const int
   const Nodes nodes{w.data(), parent.data(), depth.data(), rank.data()};
   for (int b = 0; b < bs; ++b) {
     const int64_t row = int64_t(b) * N, prefix = prefix_lens[b];
-    const int count = select_nodes(lp + int64_t(b) * L * K, L, K, budget, nodes, heap.data());
+    const int64_t draft = int64_t(b) * L * K;
+    const int count = select_nodes(lp + draft, L, K, budget, nodes, heap.data());
     for (int i = 0; i < N; ++i)
-      write_node(nodes, i, count, K, ids + int64_t(b) * L * K, root_tokens[b], tokens + row, depths + row,
-                 parents + row, ranks + row, node_logws + row);
-    link_nodes(nodes, count, N, last_child.data(), next_token + row, next_sibling + row);
-    for (int i = 0; i < N; ++i) write_verify_slot(nodes, i, count, N, b, prefix, positions + row, retrieve_index + row);
+      write_node(nodes, i, count, K, ids + draft, root_tokens[b], tokens + row,
+                 depths + row, parents + row, ranks + row, node_logws + row);
+    link_nodes(nodes, count, N, last_child.data(), next_token + row,
+               next_sibling + row);
+    for (int i = 0; i < N; ++i)
+      write_verify_slot(nodes, i, count, N, b, prefix, positions + row,
+                        retrieve_index + row);
     for (int i = 0; i < N; ++i) {
       bool* r = mask + i * (prefix + N);
       for (int64_t c = 0; c < prefix; ++c) r[c] = true;
@@ -77,7 +83,9 @@ VERIFY = (
 
 
 def random_batch(gen: torch.Generator) -> tuple:
-    """A valid random draft: (log_probs [bs, L, K], token_ids, root_tokens, prefix_lens, budget).
+    """A valid random draft.
+
+    Returns (log_probs [bs, L, K], token_ids, root_tokens, prefix_lens, budget).
 
     Half the batches draw log-probs from multiples of ln 2, so path weights tie exactly
     and the rank-tuple tie-break decides; budgets run past the draft's size (padding)

@@ -15,7 +15,7 @@ def _reference(full_logits: torch.Tensor, k: int):
 
 
 def _shard(full_logits: torch.Tensor, sizes: list[int], padded: int):
-    """Split [T, V] into shards padded to `padded` rows with large garbage (must be ignored)."""
+    """Split [T, V] into shards padded to `padded` rows of large garbage (ignored)."""
     shards, start = [], 0
     for size in sizes:
         part = full_logits[:, start : start + size]

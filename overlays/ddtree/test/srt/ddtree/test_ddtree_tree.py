@@ -100,7 +100,7 @@ def test_l1_is_a_star_of_the_best_tokens() -> None:
 
 
 def test_ties_break_on_the_rank_tuple() -> None:
-    # Every weight ties at each depth: order must be (0,), (1,), (0,0), (0,1), (1,0), ...
+    # Every weight ties at each depth: order is (0,), (1,), (0,0), (0,1), (1,0), ...
     lp = torch.full((2, 2), math.log(0.5))
     ids = torch.tensor([[1, 2], [3, 4]])
     tree = build_ddtree_tree_from_topk(lp, ids, 6)
@@ -211,7 +211,8 @@ def test_heap_builder_rejects_non_tensors_and_mixed_devices() -> None:
 
 
 def test_duplicates_in_different_depths_are_fine() -> None:
-    # The same token at two depths is an ordinary path (e.g. "the the"), not a sibling clash.
+    # The same token at two depths is an ordinary path (e.g. "the the"), not a sibling
+    # clash.
     tree = build_ddtree_tree_from_topk(
         torch.log(torch.tensor([[0.6, 0.4], [0.6, 0.4]])),
         torch.tensor([[1, 2], [1, 2]]),

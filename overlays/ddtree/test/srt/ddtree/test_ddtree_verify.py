@@ -1,4 +1,4 @@
-"""Greedy and sampling verify: kernel semantics, greedy == argmax decoding, losslessness."""
+"""Greedy and sampling verify: kernel semantics, greedy == argmax, losslessness."""
 
 from __future__ import annotations
 
@@ -46,11 +46,11 @@ def _one_intra_op_thread():
     torch.set_num_threads(before)
 
 
-# --- scalar references: one request at a time, line by line after SGLang's kernels --------
+# --- scalar references: one request at a time, line by line after SGLang's kernels --
 
 
 def _greedy_reference(cand, ridx, nxt, sib, target, s):
-    """verify_tree_greedy for one request b (lists); returns (predicts dict, accept, num)."""
+    """verify_tree_greedy for one request (lists): (predicts dict, accept, num)."""
     n = len(cand)
     last = ridx[0]
     accept, predicts, num, cur = [last], {}, 0, 0
@@ -72,9 +72,10 @@ def _greedy_reference(cand, ridx, nxt, sib, target, s):
 def _sampling_reference(
     cand, ridx, nxt, sib, coins, final_coin, tp, dp, s, thr_single, thr_acc
 ):
-    """tree_speculative_sampling_target_only for one request in numpy float32 (dp mutated)."""
+    """tree_speculative_sampling_target_only, one request in float32 (dp mutated)."""
     f32 = np.float32
-    # The kernel's host wrapper passes std::max(static_cast<float>(threshold_acc), 1e-9f).
+    # The kernel's host wrapper passes
+    # std::max(static_cast<float>(threshold_acc), 1e-9f).
     thr_single, thr_acc = f32(thr_single), max(f32(thr_acc), f32(1e-9))
     prob_acc, row, coin = f32(0), 0, f32(coins[0])
     last = ridx[0]
@@ -289,7 +290,7 @@ def test_sampling_thresholds_outside_unit_interval_are_rejected(name, value) -> 
         )
 
 
-# --- greedy speculative decoding on a toy target equals plain argmax decoding --------------
+# --- greedy speculative decoding on a toy target equals plain argmax decoding ------
 
 
 def test_greedy_speculative_decoding_equals_argmax_decoding() -> None:
@@ -354,7 +355,7 @@ def _toy_draft(gen, history, table, vocab, depth, k):
     return torch.tensor(lps, dtype=torch.float64), torch.tensor(idss)
 
 
-# --- losslessness: emitted tokens are distributed as sampling from the target ---------------
+# --- losslessness: emitted tokens are distributed as sampling from the target ------
 
 VOCAB, EMIT, DRAWS = 4, 3, 100_000
 
@@ -377,10 +378,11 @@ def _speculative_samples(
     threshold_acc: float = 1.0,
     duplicate_siblings: bool = False,
 ) -> torch.Tensor:
-    """DRAWS sequences of EMIT tokens from x0 = 0 via DDTree + sampling verify (vectorised)."""
+    """DRAWS sequences of EMIT tokens from x0 = 0 by DDTree + sampling verify."""
     gen = torch.Generator().manual_seed(seed)
     lp_by_root, ids_by_root = _factorised_draft(depth, k, duplicate_siblings)
-    # The draft depends on the root token only: one tree per vocabulary entry, gathered per draw.
+    # The draft depends on the root token only: one tree per vocabulary entry, gathered
+    # per draw.
     trees = build_ddtree_batched(
         lp_by_root,
         ids_by_root,
@@ -425,7 +427,7 @@ def _speculative_samples(
 
 
 def _factorised_draft(depth: int, k: int, duplicate_siblings: bool):
-    """Per root token: depth-d marginals of the draft chain, top-K (DFlash-like, factorised)."""
+    """Per root token: depth-d marginals of the draft chain, top-K (DFlash-like)."""
     lps, idss = [], []
     for root in range(VOCAB):
         dist = torch.zeros(VOCAB, dtype=torch.float64)
