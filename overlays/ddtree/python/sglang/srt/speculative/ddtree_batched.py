@@ -365,8 +365,8 @@ def _expand_level(
     num_parents, num_ranks = sizes
     num_scores = num_parents * num_ranks * bs
     if dynamic and floor is not None and num_scores >= _NARROW_MIN_SCORES:
-        parent_weight = prev.weight[:, :num_parents]
-        pairs = _pairs_above_floor(parent_weight, lp_d[:, :num_ranks], floor)
+        scored = prev.weight[:, :num_parents], lp_d[:, :num_ranks]
+        pairs = _pairs_above_floor(*scored, floor)
         if pairs is None:
             return None
     else:
@@ -381,9 +381,8 @@ def _expand_level(
     def lexkey(idx: torch.Tensor) -> torch.Tensor:
         """Lexicographic key of candidates' rank tuples: lexpos(parent) * K + rank."""
         parent_lexpos = _ensure_lexpos(levels, len(levels) - 1)
-        return parent_lexpos.gather(1, pairs.slots.take(idx)) * k + pairs.ranks.take(
-            idx
-        )
+        parent_slots, ranks = pairs.slots.take(idx), pairs.ranks.take(idx)
+        return parent_lexpos.gather(1, parent_slots) * k + ranks
 
     lex_range = prev.weight.shape[1] * k
     order, values = _select_by_key(weight, lexkey, keep, lex_range, dynamic)
@@ -403,8 +402,8 @@ def _pairs_above_floor(
 
     parent_weight float64 [bs, P], lp_d float64 [bs, R], floor [bs, 1]; None if no pair
     can. Host reads; an over-count is harmless (the floor mask follows), an under-count
-    is not, hence the margin: fl(w + lp) >= floor implies lp >= floor - w - 2^-52 *
-    |floor|, far inside 1e-12 * (|floor| + |w|).
+    is not, hence the margin: fl(w + lp) >= floor implies
+    lp >= floor - w - 2^-52 * |floor|, far inside 1e-12 * (|floor| + |w|).
     """
     bs = parent_weight.shape[0]
     slack = (floor.abs() + parent_weight.abs()) * 1e-12
