@@ -25,7 +25,7 @@ def _random_drafts(gen: torch.Generator, bs: int, depth: int, k: int, mode: int)
     depth on a 1/2 grid (massive ties, children tie across parents); 3: zero log-probs
     (a child ties its parent, ties across depths); 4: steps of one ulp on offsets that
     grow with depth (float64 sums round, and rounding merges sums whose exact values
-    differ)."""
+    differ: the case the pair rule's certificate exists for)."""
     x = -torch.rand(bs, depth, k, generator=gen, dtype=torch.float64) * 3
     if mode == 4:
         steps = torch.randint(0, 6, (bs, depth, k), generator=gen).to(torch.float64)
@@ -111,19 +111,69 @@ def test_batched_equals_heap_on_random_drafts(mode: int) -> None:
         _assert_equals_heap(build_ddtree_batched(lp, ids, budget), lp, ids, budget)
 
 
-@pytest.mark.parametrize("host_reads", [True, False])
-def test_forced_ties_and_rounding_merges_equal_heap(monkeypatch, host_reads) -> None:
-    """Exact ties (modes 1-3) and float64 rounding merges (mode 4: sums whose exact
-    values differ round to the same weight, the case that defeats counting arguments
-    over the pair (parent slot, rank)) on 4 x 4 drafts with budgets 5..59, on both the
-    CPU (host reads) and the accelerator (fixed shapes) path."""
-    monkeypatch.setattr(ddtree_batched, "_host_reads", lambda device: host_reads)
+def test_pruned_and_unpruned_selection_both_equal_heap() -> None:
+    """The pair rule whenever it certifies itself, and the unpruned fallback always.
+
+    Exact ties (modes 1-3) certify: the certificate compares full keys, and the pair
+    rule only fails when rounding merges two sums (mode 4), which it must catch."""
     gen = torch.Generator().manual_seed(99)
+    certified_runs = uncertified_runs = 0
     for trial in range(100):
         depth, k, budget = 4, 4, int(torch.randint(5, 60, (1,), generator=gen))
-        bs = 32 if trial % 5 == 4 else 8
-        lp, ids = _random_drafts(gen, bs, depth, k, trial % 5)
-        _assert_equals_heap(build_ddtree_batched(lp, ids, budget), lp, ids, budget)
+        lp, ids = _random_drafts(gen, 32 if trial % 5 == 4 else 8, depth, k, trial % 5)
+        lp64 = lp.to(torch.float64)
+        pruned, certified = ddtree_batched._select_trees(
+            lp64, ids, budget, None, prune=True
+        )
+        if bool(certified):
+            certified_runs += 1
+            _assert_equals_heap(pruned, lp, ids, budget)
+        else:
+            uncertified_runs += 1
+        full, _ = ddtree_batched._select_trees(lp64, ids, budget, None, prune=False)
+        _assert_equals_heap(full, lp, ids, budget)
+    runs = (certified_runs, uncertified_runs)
+    assert certified_runs > 0 and uncertified_runs > 0, runs  # both exercised
+
+
+def test_certificate_catches_over_pruning(monkeypatch) -> None:
+    """Narrow the candidate pairs far below the safe bound: whenever the certificate
+    still passes, the pruned trees must equal the heap's; and it must fail on some
+    inputs, where the accelerator path's fallback repairs the build."""
+    real_pairs = ddtree_batched._pair_lists.__wrapped__
+
+    def narrow(num_parents, k, budget, prune):
+        slots, ranks, widths = real_pairs(num_parents, k, budget, prune)
+        if not prune:
+            return slots, ranks, widths
+        widths = tuple(min(w, 2 if i < 2 else 1) for i, w in enumerate(widths))
+        slots = tuple(i for i, w in enumerate(widths) for _ in range(w))
+        ranks = tuple(j for w in widths for j in range(w))
+        return slots, ranks, widths
+
+    monkeypatch.setattr(ddtree_batched, "_pair_lists", narrow)
+    gen = torch.Generator().manual_seed(17)
+    caught = passed = 0
+    for trial in range(40):
+        budget = int(torch.randint(3, 30, (1,), generator=gen))
+        lp, ids = _random_drafts(gen, 8, 3, 4, trial % 4)
+        if trial % 2:
+            # Steep drafts and small budgets: the narrowed pairs can still suffice.
+            lp[..., 1:] -= 20.0
+            budget = 3 + trial % 5
+        pruned, certified = ddtree_batched._select_trees(
+            lp.to(torch.float64), ids, budget, None, prune=True
+        )
+        if bool(certified):
+            passed += 1
+            _assert_equals_heap(pruned, lp, ids, budget)
+        else:
+            caught += 1
+        with monkeypatch.context() as accelerator:
+            accelerator.setattr(ddtree_batched, "_host_reads", lambda device: False)
+            repaired = build_ddtree_batched(lp, ids, budget)
+        _assert_equals_heap(repaired, lp, ids, budget)
+    assert caught > 0 and passed > 0, (caught, passed)
 
 
 def test_large_budget_typical_shape() -> None:
@@ -252,7 +302,9 @@ def test_single_request_path_equals_tensor_path() -> None:
             lp.to(torch.float32), ids.to(torch.int32), budget, root_tokens=root
         )
         lp64 = lp.to(torch.float32).to(torch.float64)
-        tensor = ddtree_batched._select_trees(lp64, ids.to(torch.int32), budget, root)
+        tensor, _ = ddtree_batched._select_trees(
+            lp64, ids.to(torch.int32), budget, root, prune=False
+        )
         for name in ("tokens", "depths", "parents", "ranks", "node_logws", "num_nodes"):
             got, want = getattr(single, name), getattr(tensor, name)
             assert got.dtype == want.dtype and got.shape == want.shape, name
@@ -260,9 +312,10 @@ def test_single_request_path_equals_tensor_path() -> None:
         assert single.budget == budget
 
 
-def test_per_step_calls_with_validate_false_read_nothing_back(monkeypatch) -> None:
-    """The worker's per-step calls with validate=False, on the accelerator's code path
-    (no host reads allowed): any read of a tensor value back to Python raises here."""
+def test_per_step_calls_with_validate_false_read_almost_nothing_back(monkeypatch):
+    """The worker's per-step calls with validate=False, on the accelerator's code path:
+    the only read of a tensor value back to Python is the batched builder's certificate
+    (one ``bool``); the merge, retrieve arrays and mask read nothing."""
     monkeypatch.setattr(ddtree_batched, "_host_reads", lambda device: False)
     gen = torch.Generator().manual_seed(8)
     logits = torch.randn(6, 40, generator=gen)
@@ -270,17 +323,28 @@ def test_per_step_calls_with_validate_false_read_nothing_back(monkeypatch) -> No
     shard_b = ddtree_shard_topk(logits[:, 24:], 4, vocab_start=20, real_rows=16)
     lp, ids = _random_drafts(gen, 3, 3, 4, 2)
     seq_lens = torch.tensor([5, 0, 9])
+    reads: list[str] = []
+    real_bool = torch.Tensor.__bool__
+
+    def counted_bool(self) -> bool:
+        reads.append("__bool__")
+        return real_bool(self)
 
     def host_read(self, *args, **kwargs):
         raise AssertionError("a tensor value was read back to the host")
 
     with monkeypatch.context() as patch:
-        for name in ("__bool__", "__int__", "__float__", "item", "tolist", "numpy"):
+        for name in ("__int__", "__float__", "item", "tolist", "numpy"):
             patch.setattr(torch.Tensor, name, host_read)
-        merged = merge_ddtree_topk(*map(list, zip(shard_a, shard_b)), 4, validate=False)
+        patch.setattr(torch.Tensor, "__bool__", counted_bool)
+        shards = [list(triple) for triple in zip(shard_a, shard_b)]
+        merged = merge_ddtree_topk(*shards, 4, validate=False)
+        assert reads == []
         batch = build_ddtree_batched(lp, ids, 10, validate=False)
+        assert reads == ["__bool__"]  # the pair rule's certificate
         retrieve = compile_ddtree_retrieve(batch.parents, validate=False)
         mask = ddtree_full_mask(batch.parents, seq_lens, 14, validate=False)
+        assert reads == ["__bool__"]
     assert merged[1].shape == (6, 4) and retrieve.retrieve_index.shape == (3, 11)
     assert mask.shape == (14 * 11 + 3 * 11 * 11,)
     _assert_equals_heap(batch, lp, ids, 10)

@@ -28,13 +28,22 @@ the ``budget`` smallest keys over all nodes. Per depth d we keep the best B (= b
 children of the nodes kept at depth d - 1, where a child's weight is
 parent weight + lp[d - 1, j].
 
-Pruning, two kinds, both exact without any counting argument on float sums:
+Pruning, exact without any counting argument on float sums:
   * the floor: the B-th best weight among the nodes kept so far (B distinct real
     nodes). A node strictly below it has B nodes with smaller keys, and so do its
     descendants (rounding is monotone and log-probs are <= 0, so a child never outweighs
     its parent). Candidates below the floor are dropped; parents below it get no
     children; the loop stops at the first depth where no row has a candidate left.
   * rank B and beyond: such a child has B better siblings.
+On the accelerator path (fixed shapes, so the floor cannot shrink them) a third rule
+keeps the candidates to about B ln B per depth instead of B * min(K, B):
+  * the pair rule: with parents in key order (slot i), only pairs with
+    (i + 1) * (j + 1) <= B can be among the best B in exact arithmetic. Float64
+    rounding can merge two sums and break that counting argument, so each parent's
+    first pair the rule cut is certified: its key must be larger than the B-th kept
+    child's at that depth, or its weight below the final floor. If not, the build is
+    redone without the pair rule. Exact ties never fail the certificate (keys are
+    compared in full); only rounding merges can (tests build such drafts).
 Selection: one topk by weight; when the best weights are all distinct that is key order.
 When weights tie, the entries at or above the boundary weight are ordered by an exact
 integer key (start of their run of equal weights, lexicographic key). Keys inside a
@@ -46,15 +55,17 @@ Where it runs: on CPU (serving has no CUDA kernel there) it reads small values b
 (free on CPU) to shrink each depth to the parents and ranks that can reach the floor, to
 stop early and to skip tie work when nothing ties; one request (bs = 1) runs the heap
 loop itself. On CUDA it is only the fallback for drafts the JIT kernel does not take
-(``ddtree_kernel.supports``); there it runs the same code with fixed shapes and no host
-reads at all (``_host_reads``). The outputs are identical either way.
+(``ddtree_kernel.supports``: e.g. budget > 1024); there it runs fixed shapes with the
+pair rule, and its one host read per build is the certificate (a device sync;
+``_host_reads``). The outputs are identical either way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -179,9 +190,16 @@ def _build_torch(
 ) -> DDTreeBatch:
     """The tensor-op builder (the heap loop for one request on CPU)."""
     lp = log_probs.detach().to(torch.float64)
-    if lp.shape[0] == 1 and _host_reads(lp.device):
-        return _build_single(lp, token_ids, budget, root_tokens)
-    return _select_trees(lp, token_ids, budget, root_tokens)
+    if _host_reads(lp.device):  # CPU: the floor alone prunes, exactly
+        if lp.shape[0] == 1:
+            return _build_single(lp, token_ids, budget, root_tokens)
+        return _select_trees(lp, token_ids, budget, root_tokens, prune=False)[0]
+    result, certified = _select_trees(lp, token_ids, budget, root_tokens, prune=True)
+    # The accelerator path's one host read (a sync): rarely, a float64 rounding merge
+    # defeated the pair rule, and the build is redone without it.
+    if not bool(certified):
+        result, _ = _select_trees(lp, token_ids, budget, root_tokens, prune=False)
+    return result
 
 
 def _build_single(
@@ -224,7 +242,8 @@ def _host_reads(device: torch.device) -> bool:
     On CPU a read is free, and it lets the builder shrink every depth to the parents and
     ranks that can still reach the tree, stop at the last useful depth, and skip the
     tie-breaking work when no weights tie. On an accelerator each read is a sync, so
-    there the builder runs fixed shapes (same results, more work) and never reads back.
+    there the builder runs fixed shapes (same results, more work) and reads once, for
+    the pair rule's certificate.
     """
     return device.type == "cpu"
 
@@ -234,12 +253,19 @@ def _select_trees(
     token_ids: torch.Tensor,
     budget: int,
     root_tokens: Optional[torch.Tensor],
-) -> DDTreeBatch:
-    """Select the budget best nodes of every request; lp is float64 [bs, L, K]."""
+    prune: bool,
+) -> tuple[DDTreeBatch, Union[bool, torch.Tensor]]:
+    """Select the budget best nodes of every request; lp is float64 [bs, L, K].
+
+    Returns the batch and its certificate: a 0-dim bool tensor, False when the pair
+    rule (only with ``prune``) may have cut a node of the tree; the Python bool True
+    when it cut nothing (so there is nothing to read back).
+    """
     bs, depth, k = lp.shape
     device = lp.device
     dynamic = _host_reads(device)
     levels = [_root_level(bs, device)]
+    risky: list[torch.Tensor] = []  # per depth: heaviest cut pair not cleared
     if budget > 0:
         levels.append(_first_level(lp[:, 0, :], budget))
         best = levels[1].weight
@@ -249,12 +275,24 @@ def _select_trees(
             sizes = _active_sizes(levels[-1], lp_d, floor, budget, dynamic)
             if sizes is None:
                 break  # no row has a node left that can reach the tree
-            level = _expand_level(levels, lp_d, floor, budget, sizes, dynamic)
-            if level is None:
+            expanded = _expand_level(levels, lp_d, floor, budget, sizes, prune, dynamic)
+            if expanded is None:
                 break
+            level, level_risky = expanded
             levels.append(level)
+            if level_risky is not None:
+                risky.append(level_risky)
             best = _top_values(torch.cat([best, level.weight], dim=1), budget)
-    return _assemble(levels, token_ids, budget, root_tokens, dynamic)
+    batch = _assemble(levels, token_ids, budget, root_tokens, dynamic)
+    if not risky:
+        return batch, True
+    # A cut pair below the final floor has ``budget`` kept nodes ahead of it: harmless.
+    final_floor = _pool_floor(best, budget)
+    heaviest = torch.cat(risky, dim=1).amax(1, keepdim=True)
+    harmful = heaviest > float("-inf")
+    if final_floor is not None:
+        harmful &= heaviest >= final_floor
+    return batch, ~harmful.any()
 
 
 def _root_level(bs: int, device: torch.device) -> _Level:
@@ -332,18 +370,57 @@ def _active_sizes(
 
 @dataclass(frozen=True)
 class _Pairs:
-    """Candidate (parent slot, rank) pairs of one depth, flattened; int64 [C] each."""
+    """Candidate (parent slot, rank) pairs of one depth, flattened, as device tensors.
 
-    slots: torch.Tensor
-    ranks: torch.Tensor
+    With the pair rule, ``first_cut`` (int64 [P], min(width, ranks - 1)) is each parent
+    slot's first rank not scored and ``has_cut`` (bool [P]) whether the rule cut it;
+    both None when it cut nothing.
+    """
+
+    slots: torch.Tensor  # int64 [C]
+    ranks: torch.Tensor  # int64 [C]
+    first_cut: Optional[torch.Tensor] = None
+    has_cut: Optional[torch.Tensor] = None
+
+
+def _candidate_pairs(
+    num_parents: int, num_ranks: int, budget: int, prune: bool, device
+) -> _Pairs:
+    """(parent slot i, rank j < num_ranks) pairs to score: (i+1)*(j+1) <= budget with
+    the pair rule, else all. Cached per device, keyed on ``_pair_lists`` itself so that
+    a replaced pair rule takes effect.
+
+    Only ranks cut by the pair rule need the certificate: rank ``num_ranks`` is exactly
+    out (it is ``budget``, with ``budget`` better siblings, or it is below the floor for
+    every parent, see ``_active_sizes``).
+    """
+    return _pair_tensors(_pair_lists, num_parents, num_ranks, budget, prune, device)
 
 
 @functools.lru_cache(maxsize=1024)
-def _all_pairs(num_parents: int, num_ranks: int, device) -> _Pairs:
-    """Every pair (parent slot i < num_parents, rank j < num_ranks), parent-major."""
-    slots = torch.arange(num_parents, device=device).repeat_interleave(num_ranks)
-    ranks = torch.arange(num_ranks, device=device).repeat(num_parents)
-    return _Pairs(slots=slots, ranks=ranks)
+def _pair_tensors(
+    pair_lists, num_parents: int, num_ranks: int, budget: int, prune: bool, device
+) -> _Pairs:
+    slots, ranks, widths = pair_lists(num_parents, num_ranks, budget, prune)
+    as_tensor = functools.partial(torch.tensor, dtype=torch.int64, device=device)
+    pairs = _Pairs(slots=as_tensor(slots), ranks=as_tensor(ranks))
+    if min(widths) >= num_ranks:
+        return pairs
+    width = as_tensor(widths)
+    first_cut = width.clamp(max=num_ranks - 1)
+    return dataclasses.replace(pairs, first_cut=first_cut, has_cut=width < num_ranks)
+
+
+@functools.lru_cache(maxsize=256)
+def _pair_lists(num_parents: int, num_ranks: int, budget: int, prune: bool):
+    """(slots, ranks, widths) as tuples: parent i scores ranks 0..width_i - 1."""
+    slots, ranks, widths = [], [], []
+    for i in range(num_parents):
+        width = min(num_ranks, budget // (i + 1)) if prune else num_ranks
+        slots.extend([i] * width)
+        ranks.extend(range(width))
+        widths.append(width)
+    return tuple(slots), tuple(ranks), tuple(widths)
 
 
 def _expand_level(
@@ -352,9 +429,11 @@ def _expand_level(
     floor: Optional[torch.Tensor],
     budget: int,
     sizes: tuple[int, int],
+    prune: bool,
     dynamic: bool,
-) -> Optional[_Level]:
-    """Best ``budget`` children (by key) at the next depth.
+) -> Optional[tuple[_Level, Optional[torch.Tensor]]]:
+    """Best ``budget`` children (by key) at the next depth, and the heaviest pair the
+    pair rule cut there that the certificate has not cleared (None: it cut nothing).
 
     lp_d: float64 [bs, K]; sizes: (parent slots, ranks) to score (``_active_sizes``).
     Children below the floor are masked to -inf (invalid). None when no candidate can
@@ -364,13 +443,14 @@ def _expand_level(
     bs, k = lp_d.shape
     num_parents, num_ranks = sizes
     num_scores = num_parents * num_ranks * bs
-    if dynamic and floor is not None and num_scores >= _NARROW_MIN_SCORES:
+    narrow = dynamic and not prune and floor is not None
+    if narrow and num_scores >= _NARROW_MIN_SCORES:
         scored = prev.weight[:, :num_parents], lp_d[:, :num_ranks]
         pairs = _pairs_above_floor(*scored, floor)
         if pairs is None:
             return None
     else:
-        pairs = _all_pairs(num_parents, num_ranks, lp_d.device)
+        pairs = _candidate_pairs(num_parents, num_ranks, budget, prune, lp_d.device)
     parent_weight = prev.weight.index_select(1, pairs.slots)
     child_lp = lp_d.index_select(1, pairs.ranks)
     weight = parent_weight + child_lp  # float rule: one float64 add per edge
@@ -387,7 +467,10 @@ def _expand_level(
     lex_range = prev.weight.shape[1] * k
     order, values = _select_by_key(weight, lexkey, keep, lex_range, dynamic)
     parent = pairs.slots.take(order)
-    return _Level(weight=values, parent=parent, rank=pairs.ranks.take(order))
+    level = _Level(weight=values, parent=parent, rank=pairs.ranks.take(order))
+    if pairs.first_cut is None:  # the pair rule cut nothing
+        return level, None
+    return level, _risky_cut(levels, level, lp_d, pairs, budget)
 
 
 # Narrowing the pairs to the floor costs ~10 small ops; it pays off from about this
@@ -509,6 +592,41 @@ def _ensure_lexpos(levels: list[_Level], d: int) -> torch.Tensor:
     return lvl.lexpos
 
 
+def _risky_cut(
+    levels: list[_Level],
+    level: _Level,
+    lp_d: torch.Tensor,
+    pairs: _Pairs,
+    budget: int,
+) -> torch.Tensor:
+    """[bs, 1] heaviest pair the pair rule cut at this depth that might belong to its
+    best children.
+
+    Parent slot i's first cut rank is its pair width; later ranks and their descendants
+    have larger keys. The pair is harmless when its key (-weight, lexkey) is larger
+    than the budget-th kept child's (impossible to show if fewer were kept); the caller
+    also clears any pair below the final floor (which is >= the budget-th kept child's
+    weight). In exact arithmetic the pair rule never fails; float64 rounding can merge
+    two sums and make it fail. No host reads.
+    """
+    prev = levels[-1]  # the new level is not appended yet
+    k = lp_d.shape[1]
+    num_parents = pairs.first_cut.shape[0]
+    cut_lp = lp_d.index_select(1, pairs.first_cut)
+    weight = prev.weight[:, :num_parents] + cut_lp  # float rule
+    weight = weight.masked_fill(~pairs.has_cut, float("-inf"))
+    if level.weight.shape[1] < budget:
+        return weight.amax(1, keepdim=True)
+    last = level.weight[:, budget - 1 : budget]
+    # Pairs tied with the budget-th kept child are harmless when their lexkey is larger.
+    lexpos = _ensure_lexpos(levels, len(levels) - 1)
+    cut_lex = lexpos[:, :num_parents] * k + pairs.first_cut
+    last_parent_lex = lexpos.gather(1, level.parent[:, budget - 1 :])
+    last_lex = last_parent_lex * k + level.rank[:, budget - 1 :]
+    cleared = (weight == last) & (cut_lex > last_lex)
+    return weight.masked_fill(cleared, float("-inf")).amax(1, keepdim=True)
+
+
 def _preorder(levels: list[_Level]) -> list[torch.Tensor]:
     """Preorder index of each kept slot in the trie of kept nodes (children by rank)."""
     for d in range(len(levels)):
@@ -562,8 +680,8 @@ def _assemble(
     kept = levels[1:]
     sizes = tuple(lvl.weight.shape[1] for lvl in kept)
     weight = torch.cat([lvl.weight for lvl in kept], dim=1)
-    # Kept slots always cover the tree (every tree node is kept at its depth); min() is
-    # a guard only.
+    # Kept slots always cover the tree (every tree node is kept at its depth) unless
+    # the pair rule failed; min() guards the results the certificate rejects.
     real = min(real, weight.shape[1])
 
     def preorder(idx: torch.Tensor) -> torch.Tensor:
