@@ -394,7 +394,17 @@ def _candidate_pairs(
     out (it is ``budget``, with ``budget`` better siblings, or it is below the floor for
     every parent, see ``_active_sizes``).
     """
+    if not prune:
+        return _all_pairs(num_parents, num_ranks, device)
     return _pair_tensors(_pair_lists, num_parents, num_ranks, budget, prune, device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _all_pairs(num_parents: int, num_ranks: int, device) -> _Pairs:
+    """Every pair (parent slot i < num_parents, rank j < num_ranks), parent-major."""
+    slots = torch.arange(num_parents, device=device).repeat_interleave(num_ranks)
+    ranks = torch.arange(num_ranks, device=device).repeat(num_parents)
+    return _Pairs(slots=slots, ranks=ranks)
 
 
 @functools.lru_cache(maxsize=1024)
