@@ -401,9 +401,12 @@ def ddtree_verify_sampling(
 
     draft_probs float32 [bs, N, V] defaults to zeros (SGLang's tree path); it is
     mutated. Thresholds 1.0 with zero draft_probs make the emitted tokens distributed
-    exactly as sampling from the target (requires distinct sibling tokens).
+    exactly as sampling from the target (requires distinct sibling tokens). Thresholds
+    outside [0, 1] raise ValueError on either path (the kernel's host wrapper would
+    raise its own error); threshold_acc below 1e-9 acts as 1e-9, as in the wrapper.
     """
     _check_verify_inputs(candidates, retrieve, num_speculative_tokens)
+    _check_thresholds(threshold_single, threshold_acc)  # kernel or twin: ValueError
     bs, n = candidates.shape
     if target_probs.dim() != 3 or target_probs.shape[:2] != (bs, n):
         raise ValueError(
