@@ -1,4 +1,4 @@
-"""Batched builder: equals the heap builder exactly (order, ties, padding) on random drafts."""
+"""Batched builder: equals the heap builder exactly (order, ties, padding)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,11 @@ import torch
 
 import sglang.srt.speculative.ddtree_batched as ddtree_batched
 from sglang.srt.speculative.ddtree_batched import DDTreeBatch, build_ddtree_batched
+from sglang.srt.speculative.ddtree_retrieve import (
+    compile_ddtree_retrieve,
+    ddtree_full_mask,
+)
+from sglang.srt.speculative.ddtree_topk import ddtree_shard_topk, merge_ddtree_topk
 from sglang.srt.speculative.ddtree_tree import build_ddtree_tree_from_topk
 
 VECTOR_LP = torch.log(torch.tensor([[0.7, 0.3], [0.6, 0.4], [0.8, 0.2]]))
@@ -16,15 +21,16 @@ VECTOR_IDS = torch.tensor([[10, 11], [20, 21], [30, 31]])
 
 
 def _random_drafts(gen: torch.Generator, bs: int, depth: int, k: int, mode: int):
-    """mode 0: continuous; 1: values on a 1/4 grid (exact ties); 2: identical rows per depth
-    on a 1/2 grid (massive ties, children tie across parents); 3: zero log-probs (a child
-    ties its parent, ties across depths); 4: steps of one ulp on offsets that grow with depth
-    (float64 sums round, and rounding merges sums whose exact values differ: the case the
-    pair pruning's certificate exists for)."""
+    """mode 0: continuous; 1: values on a 1/4 grid (exact ties); 2: identical rows per
+    depth on a 1/2 grid (massive ties, children tie across parents); 3: zero log-probs
+    (a child ties its parent, ties across depths); 4: steps of one ulp on offsets that
+    grow with depth (float64 sums round, and rounding merges sums whose exact values
+    differ: the case the pair rule's certificate exists for)."""
     x = -torch.rand(bs, depth, k, generator=gen, dtype=torch.float64) * 3
     if mode == 4:
         steps = torch.randint(0, 6, (bs, depth, k), generator=gen).to(torch.float64)
-        offset = torch.tensor([0.5, 0.0, 1.5, 3.0, 6.0], dtype=torch.float64)[:depth]  # depth <= 5
+        offsets = torch.tensor([0.5, 0.0, 1.5, 3.0, 6.0], dtype=torch.float64)
+        offset = offsets[:depth]  # depth <= 5
         scale = torch.tensor([1.0, 1.0, 4.0, 8.0, 16.0], dtype=torch.float64)[:depth]
         x = -(offset[None, :, None] + steps * 2.0**-53 * scale[None, :, None])
     elif mode == 1:
@@ -32,13 +38,22 @@ def _random_drafts(gen: torch.Generator, bs: int, depth: int, k: int, mode: int)
     elif mode == 2:
         x = (torch.round(x * 2) / 2)[:, :1, :].expand(bs, depth, k).clone()
     elif mode == 3:
-        x = torch.where(torch.rand(bs, depth, k, generator=gen) < 0.4, torch.zeros_like(x), torch.round(x))
+        x = torch.where(
+            torch.rand(bs, depth, k, generator=gen) < 0.4,
+            torch.zeros_like(x),
+            torch.round(x),
+        )
     x = torch.sort(x, dim=-1, descending=True).values
-    ids = torch.argsort(torch.rand(bs, depth, k, generator=gen), dim=-1) + 100 * torch.arange(depth)[None, :, None]
+    ids = (
+        torch.argsort(torch.rand(bs, depth, k, generator=gen), dim=-1)
+        + 100 * torch.arange(depth)[None, :, None]
+    )
     return x, ids
 
 
-def _assert_equals_heap(batch: DDTreeBatch, log_probs: torch.Tensor, ids: torch.Tensor, budget: int) -> None:
+def _assert_equals_heap(
+    batch: DDTreeBatch, log_probs: torch.Tensor, ids: torch.Tensor, budget: int
+) -> None:
     for b in range(log_probs.shape[0]):
         ref = build_ddtree_tree_from_topk(log_probs[b], ids[b], budget)
         n = ref.tokens.numel()
@@ -47,19 +62,36 @@ def _assert_equals_heap(batch: DDTreeBatch, log_probs: torch.Tensor, ids: torch.
         assert batch.parents[b, : n + 1].tolist() == ref.parents.tolist()
         assert batch.depths[b, 1 : n + 1].tolist() == ref.depths.tolist()
         assert batch.ranks[b, 1 : n + 1].tolist() == ref.ranks.tolist()
-        assert batch.node_logws[b, 1 : n + 1].tolist() == ref.node_logws.tolist()  # bit-exact
+        weights = batch.node_logws[b, 1 : n + 1].tolist()
+        assert weights == ref.node_logws.tolist()  # bit-exact
         pad = slice(n + 1, budget + 1)
-        assert set(batch.tokens[b, pad].tolist()) <= {-1} and set(batch.parents[b, pad].tolist()) <= {-1}
+        assert set(batch.tokens[b, pad].tolist()) <= {-1} and set(
+            batch.parents[b, pad].tolist()
+        ) <= {-1}
 
 
 def test_design_test_vector_batched() -> None:
-    batch = build_ddtree_batched(VECTOR_LP[None].repeat(2, 1, 1), VECTOR_IDS[None].repeat(2, 1, 1), 5, root_tokens=torch.tensor([7, 8]))
+    batch = build_ddtree_batched(
+        VECTOR_LP[None].repeat(2, 1, 1),
+        VECTOR_IDS[None].repeat(2, 1, 1),
+        5,
+        root_tokens=torch.tensor([7, 8]),
+    )
     assert batch.tokens.tolist() == [[7, 10, 20, 30, 11, 21], [8, 10, 20, 30, 11, 21]]
     assert batch.depths.tolist() == [[0, 1, 2, 3, 1, 2]] * 2
     assert batch.parents.tolist() == [[-1, 0, 1, 2, 0, 1]] * 2
-    assert [round(w, 3) for w in batch.node_logws[0].tolist()] == [0.0, -0.357, -0.868, -1.091, -1.204, -1.273]
+    assert [round(w, 3) for w in batch.node_logws[0].tolist()] == [
+        0.0,
+        -0.357,
+        -0.868,
+        -1.091,
+        -1.204,
+        -1.273,
+    ]
     assert batch.num_nodes.tolist() == [6, 6] and batch.num_slots == 6
-    assert batch.tokens.dtype == batch.parents.dtype == batch.depths.dtype == torch.int64
+    assert (
+        batch.tokens.dtype == batch.parents.dtype == batch.depths.dtype == torch.int64
+    )
     assert batch.node_logws.dtype == torch.float64
 
 
@@ -80,17 +112,19 @@ def test_batched_equals_heap_on_random_drafts(mode: int) -> None:
 
 
 def test_pruned_and_unpruned_selection_both_equal_heap() -> None:
-    """The fast path (pruned pairs) whenever it certifies itself, and the fallback always.
+    """The pair rule whenever it certifies itself, and the unpruned fallback always.
 
-    Exact ties (modes 1-3) certify: the certificate compares full keys, and the pair rule
-    only fails when rounding merges two sums (mode 4), which it must catch."""
+    Exact ties (modes 1-3) certify: the certificate compares full keys, and the pair
+    rule only fails when rounding merges two sums (mode 4), which it must catch."""
     gen = torch.Generator().manual_seed(99)
     certified_runs = uncertified_runs = 0
     for trial in range(100):
         depth, k, budget = 4, 4, int(torch.randint(5, 60, (1,), generator=gen))
         lp, ids = _random_drafts(gen, 32 if trial % 5 == 4 else 8, depth, k, trial % 5)
         lp64 = lp.to(torch.float64)
-        pruned, certified = ddtree_batched._select_trees(lp64, ids, budget, None, prune=True)
+        pruned, certified = ddtree_batched._select_trees(
+            lp64, ids, budget, None, prune=True
+        )
         if bool(certified):
             certified_runs += 1
             _assert_equals_heap(pruned, lp, ids, budget)
@@ -98,12 +132,14 @@ def test_pruned_and_unpruned_selection_both_equal_heap() -> None:
             uncertified_runs += 1
         full, _ = ddtree_batched._select_trees(lp64, ids, budget, None, prune=False)
         _assert_equals_heap(full, lp, ids, budget)
-    assert certified_runs > 0 and uncertified_runs > 0, (certified_runs, uncertified_runs)  # both exercised
+    runs = (certified_runs, uncertified_runs)
+    assert certified_runs > 0 and uncertified_runs > 0, runs  # both exercised
 
 
 def test_certificate_catches_over_pruning(monkeypatch) -> None:
-    """Narrow the candidate pairs far below the safe bound: whenever the certificate still
-    passes, the pruned trees must equal the heap's; and it must fail on some inputs."""
+    """Narrow the candidate pairs far below the safe bound: whenever the certificate
+    still passes, the pruned trees must equal the heap's; and it must fail on some
+    inputs, where the accelerator path's fallback repairs the build."""
     real_pairs = ddtree_batched._pair_lists.__wrapped__
 
     def narrow(num_parents, k, budget, prune):
@@ -121,16 +157,22 @@ def test_certificate_catches_over_pruning(monkeypatch) -> None:
     for trial in range(40):
         budget = int(torch.randint(3, 30, (1,), generator=gen))
         lp, ids = _random_drafts(gen, 8, 3, 4, trial % 4)
-        if trial % 2:  # steep drafts and small budgets: the narrowed pairs can still suffice
+        if trial % 2:
+            # Steep drafts and small budgets: the narrowed pairs can still suffice.
             lp[..., 1:] -= 20.0
             budget = 3 + trial % 5
-        pruned, certified = ddtree_batched._select_trees(lp.to(torch.float64), ids, budget, None, prune=True)
+        pruned, certified = ddtree_batched._select_trees(
+            lp.to(torch.float64), ids, budget, None, prune=True
+        )
         if bool(certified):
             passed += 1
             _assert_equals_heap(pruned, lp, ids, budget)
         else:
             caught += 1
-        _assert_equals_heap(build_ddtree_batched(lp, ids, budget), lp, ids, budget)  # fallback repairs it
+        with monkeypatch.context() as accelerator:
+            accelerator.setattr(ddtree_batched, "_host_reads", lambda device: False)
+            repaired = build_ddtree_batched(lp, ids, budget)
+        _assert_equals_heap(repaired, lp, ids, budget)
     assert caught > 0 and passed > 0, (caught, passed)
 
 
@@ -165,7 +207,9 @@ def test_edge_cases_budget_zero_k1_l1_and_padding() -> None:
     assert chain.node_logws[0, 3:].tolist() == [-math.inf] * 3
 
     star = build_ddtree_batched(lp[:, :1, :], ids[:, :1, :], 2)
-    assert star.tokens.tolist() == [[-1, 1, 2]] and star.parents.tolist() == [[-1, 0, 0]]
+    assert star.tokens.tolist() == [[-1, 1, 2]] and star.parents.tolist() == [
+        [-1, 0, 0]
+    ]
 
     everything = build_ddtree_batched(lp, ids, 50)
     assert everything.num_nodes.tolist() == [7] and everything.tokens.shape == (1, 51)
@@ -176,16 +220,26 @@ def test_edge_cases_budget_zero_k1_l1_and_padding() -> None:
     ("kwargs", "match"),
     [
         ({"log_probs": torch.zeros(2, 2)}, r"shape \[bs, L, K\]"),
-        ({"token_ids": torch.zeros(1, 2, 3, dtype=torch.int64)}, r"token_ids of shape \(1, 2, 2\)"),
+        (
+            {"token_ids": torch.zeros(1, 2, 3, dtype=torch.int64)},
+            r"token_ids of shape \(1, 2, 2\)",
+        ),
         ({"budget": -3}, "budget >= 0"),
         ({"root_tokens": torch.tensor([1, 2])}, r"root_tokens of shape \[1\]"),
         ({"root_tokens": torch.tensor([1.0])}, "int64 or int32"),
-        ({"log_probs": torch.tensor([[[-1.0, -0.5], [-1.0, -2.0]]])}, "sorted descending"),
+        (
+            {"log_probs": torch.tensor([[[-1.0, -0.5], [-1.0, -2.0]]])},
+            "sorted descending",
+        ),
         ({"token_ids": torch.tensor([[[1, 2], [3, 3]]])}, "distinct token_ids"),
     ],
 )
 def test_batched_builder_rejects_bad_inputs(kwargs, match) -> None:
-    args = {"log_probs": torch.tensor([[[-0.5, -1.0], [-1.0, -2.0]]]), "token_ids": torch.tensor([[[1, 2], [3, 4]]]), "budget": 3}
+    args = {
+        "log_probs": torch.tensor([[[-0.5, -1.0], [-1.0, -2.0]]]),
+        "token_ids": torch.tensor([[[1, 2], [3, 4]]]),
+        "budget": 3,
+    }
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         build_ddtree_batched(**args)
@@ -198,10 +252,12 @@ def test_count_possible_nodes() -> None:
 
 
 @pytest.mark.parametrize("host_reads", [True, False])
-def test_fixed_shape_and_host_read_paths_agree_with_heap(monkeypatch, host_reads: bool) -> None:
-    """Without host reads (the accelerator path: fixed shapes, no early stop, tie-breaking
-    always on) and with them (CPU: shrunk shapes, early stop, tie work only on ties), the
-    trees are the heap's, on all draft modes and through the certificate's fallback."""
+def test_fixed_shape_and_host_read_paths_agree_with_heap(
+    monkeypatch, host_reads: bool
+) -> None:
+    """Without host reads (the accelerator path: fixed shapes, no early stop,
+    tie-breaking always on) and with them (CPU: shrunk shapes, early stop, tie work only
+    on ties), the trees are the heap's, on all draft modes."""
     monkeypatch.setattr(ddtree_batched, "_host_reads", lambda device: host_reads)
     gen = torch.Generator().manual_seed(4321)
     for trial in range(50):
@@ -218,14 +274,16 @@ def test_large_batch_shortcuts_agree_with_heap(monkeypatch) -> None:
     monkeypatch.setattr(ddtree_batched, "_NARROW_MIN_SCORES", 0)
     gen = torch.Generator().manual_seed(2468)
     for trial in range(60):
-        if trial == 30:  # the two-sort tie-break that replaces the integer key near int64 overflow
+        if trial == 30:
+            # The two-sort tie-break that replaces the integer key near int64 overflow.
             monkeypatch.setattr(ddtree_batched, "_KEY_LIMIT", 0)
         depth = int(torch.randint(1, 6, (1,), generator=gen))
         k = int(torch.randint(1, 7, (1,), generator=gen))
         budget = int(torch.randint(0, 50, (1,), generator=gen))
         lp, ids = _random_drafts(gen, 16, depth, k, trial % 5)
         _assert_equals_heap(build_ddtree_batched(lp, ids, budget), lp, ids, budget)
-    logits = torch.randn(8, 15, 64, generator=gen) * 6  # peaked: deep trees, ties from float32
+    # Peaked: deep trees, ties from float32.
+    logits = torch.randn(8, 15, 64, generator=gen) * 6
     lp, ids = torch.sort(torch.log_softmax(logits, dim=-1), dim=-1, descending=True)
     _assert_equals_heap(build_ddtree_batched(lp, ids, 64), lp, ids, 64)
 
@@ -240,11 +298,53 @@ def test_single_request_path_equals_tensor_path() -> None:
         budget = int(torch.randint(0, 30, (1,), generator=gen))
         lp, ids = _random_drafts(gen, 1, depth, k, trial % 5)
         root = torch.tensor([5], dtype=torch.int32) if trial % 2 else None
-        single = build_ddtree_batched(lp.to(torch.float32), ids.to(torch.int32), budget, root_tokens=root)
+        single = build_ddtree_batched(
+            lp.to(torch.float32), ids.to(torch.int32), budget, root_tokens=root
+        )
         lp64 = lp.to(torch.float32).to(torch.float64)
-        tensor, _ = ddtree_batched._select_trees(lp64, ids.to(torch.int32), budget, root, prune=False)
+        tensor, _ = ddtree_batched._select_trees(
+            lp64, ids.to(torch.int32), budget, root, prune=False
+        )
         for name in ("tokens", "depths", "parents", "ranks", "node_logws", "num_nodes"):
             got, want = getattr(single, name), getattr(tensor, name)
             assert got.dtype == want.dtype and got.shape == want.shape, name
             assert got.tolist() == want.tolist(), name
         assert single.budget == budget
+
+
+def test_per_step_calls_with_validate_false_read_almost_nothing_back(monkeypatch):
+    """The worker's per-step calls with validate=False, on the accelerator's code path:
+    the only read of a tensor value back to Python is the batched builder's certificate
+    (one ``bool``); the merge, retrieve arrays and mask read nothing."""
+    monkeypatch.setattr(ddtree_batched, "_host_reads", lambda device: False)
+    gen = torch.Generator().manual_seed(8)
+    logits = torch.randn(6, 40, generator=gen)
+    shard_a = ddtree_shard_topk(logits[:, :24], 4, vocab_start=0, real_rows=20)
+    shard_b = ddtree_shard_topk(logits[:, 24:], 4, vocab_start=20, real_rows=16)
+    lp, ids = _random_drafts(gen, 3, 3, 4, 2)
+    seq_lens = torch.tensor([5, 0, 9])
+    reads: list[str] = []
+    real_bool = torch.Tensor.__bool__
+
+    def counted_bool(self) -> bool:
+        reads.append("__bool__")
+        return real_bool(self)
+
+    def host_read(self, *args, **kwargs):
+        raise AssertionError("a tensor value was read back to the host")
+
+    with monkeypatch.context() as patch:
+        for name in ("__int__", "__float__", "item", "tolist", "numpy"):
+            patch.setattr(torch.Tensor, name, host_read)
+        patch.setattr(torch.Tensor, "__bool__", counted_bool)
+        shards = [list(triple) for triple in zip(shard_a, shard_b)]
+        merged = merge_ddtree_topk(*shards, 4, validate=False)
+        assert reads == []
+        batch = build_ddtree_batched(lp, ids, 10, validate=False)
+        assert reads == ["__bool__"]  # the pair rule's certificate
+        retrieve = compile_ddtree_retrieve(batch.parents, validate=False)
+        mask = ddtree_full_mask(batch.parents, seq_lens, 14, validate=False)
+        assert reads == ["__bool__"]
+    assert merged[1].shape == (6, 4) and retrieve.retrieve_index.shape == (3, 11)
+    assert mask.shape == (14 * 11 + 3 * 11 * 11,)
+    _assert_equals_heap(batch, lp, ids, 10)

@@ -20,13 +20,14 @@ VECTOR_IDS = torch.tensor([[10, 11], [20, 21], [30, 31]])
 
 @pytest.fixture(scope="module")
 def random_batch():
-    """Trees with weight ties (24 requests, L=4, K=3, budget 45) and with padding (L=2: 12 real nodes, budget 20)."""
+    """Trees with weight ties (24 requests, L=4, K=3, budget 45) and with padding
+    (L=2: 12 real nodes, budget 20)."""
     gen = torch.Generator().manual_seed(5)
     lp = torch.round(-torch.rand(24, 4, 3, generator=gen, dtype=torch.float64) * 8) / 4
     lp = torch.sort(lp, dim=-1, descending=True).values
     ids = torch.argsort(torch.rand(24, 4, 3, generator=gen), dim=-1)
     big = build_ddtree_batched(lp, ids, 45)
-    padded = build_ddtree_batched(lp[:, :2, :], ids[:, :2, :], 20)  # 12 real nodes, 8 padding
+    padded = build_ddtree_batched(lp[:, :2, :], ids[:, :2, :], 20)  # 12 real, 8 pad
     return big, padded
 
 
@@ -43,12 +44,17 @@ def test_design_test_vector_retrieve_arrays() -> None:
 
 
 def test_retrieve_index_is_global_and_int64() -> None:
-    batch = build_ddtree_batched(VECTOR_LP[None].repeat(3, 1, 1), VECTOR_IDS[None].repeat(3, 1, 1), 5)
+    batch = build_ddtree_batched(
+        VECTOR_LP[None].repeat(3, 1, 1), VECTOR_IDS[None].repeat(3, 1, 1), 5
+    )
     r = compile_ddtree_retrieve(batch.parents)
-    assert r.retrieve_index.tolist() == [list(range(b * 6, b * 6 + 6)) for b in range(3)]
+    assert r.retrieve_index.tolist() == [
+        list(range(b * 6, b * 6 + 6)) for b in range(3)
+    ]
     for t in (r.retrieve_index, r.retrieve_next_token, r.retrieve_next_sibling):
         assert t.dtype == torch.int64 and t.shape == (3, 6)
-    assert r.retrieve_next_token.tolist() == [[1, 2, 3, -1, -1, -1]] * 3  # local, not global
+    # Local slots, not global.
+    assert r.retrieve_next_token.tolist() == [[1, 2, 3, -1, -1, -1]] * 3
 
 
 def _walk(next_token: list[int], next_sibling: list[int]) -> list[tuple[int, int]]:
@@ -68,21 +74,28 @@ def _walk(next_token: list[int], next_sibling: list[int]) -> list[tuple[int, int
 def test_traversal_visits_every_node_once_children_by_weight(random_batch) -> None:
     for batch in random_batch:
         r = compile_ddtree_retrieve(batch.parents, batch.node_logws)
-        r_plain = compile_ddtree_retrieve(batch.parents)  # slot order gives the same arrays
+        # Slot order gives the same arrays.
+        r_plain = compile_ddtree_retrieve(batch.parents)
         assert torch.equal(r.retrieve_next_token, r_plain.retrieve_next_token)
         assert torch.equal(r.retrieve_next_sibling, r_plain.retrieve_next_sibling)
         for b in range(batch.parents.shape[0]):
             n = int(batch.num_nodes[b])
-            visits = _walk(r.retrieve_next_token[b].tolist(), r.retrieve_next_sibling[b].tolist())
+            visits = _walk(
+                r.retrieve_next_token[b].tolist(), r.retrieve_next_sibling[b].tolist()
+            )
             assert sorted(v for v, _ in visits) == list(range(n))
             assert all(p == int(batch.parents[b, v]) for v, p in visits)
             for node in range(n):
                 kids = [c for c, p in visits if p == node]
                 weights = [batch.node_logws[b, c].item() for c in kids]
                 assert weights == sorted(weights, reverse=True)
-                assert [batch.ranks[b, c].item() for c in kids] == sorted(batch.ranks[b, c].item() for c in kids)
+                assert [batch.ranks[b, c].item() for c in kids] == sorted(
+                    batch.ranks[b, c].item() for c in kids
+                )
             assert r.retrieve_next_token[b, n:].tolist() == [-1] * (batch.num_slots - n)
-            assert r.retrieve_next_sibling[b, n:].tolist() == [-1] * (batch.num_slots - n)
+            assert r.retrieve_next_sibling[b, n:].tolist() == [-1] * (
+                batch.num_slots - n
+            )
 
 
 def test_siblings_follow_log_weight_when_slots_disagree() -> None:
@@ -95,7 +108,9 @@ def test_siblings_follow_log_weight_when_slots_disagree() -> None:
 
 
 def test_positions_are_prefix_plus_depth() -> None:
-    batch = build_ddtree_batched(VECTOR_LP[None].repeat(2, 1, 1), VECTOR_IDS[None].repeat(2, 1, 1), 5)
+    batch = build_ddtree_batched(
+        VECTOR_LP[None].repeat(2, 1, 1), VECTOR_IDS[None].repeat(2, 1, 1), 5
+    )
     pos = ddtree_positions(batch.depths, torch.tensor([7, 100]))
     assert pos.tolist() == [7, 8, 9, 10, 8, 9, 100, 101, 102, 103, 101, 102]
     assert pos.dtype == torch.int64
@@ -117,7 +132,9 @@ def test_mask_row_allows_exactly_prefix_root_ancestors_and_self(random_batch) ->
         seq_lens = torch.arange(bs) % 5 + 1  # includes short prefixes
         full = ddtree_full_mask(batch.parents, seq_lens, int(seq_lens.sum()))
         tree = ddtree_ancestor_mask(batch.parents)
-        assert full.dtype == torch.bool and full.shape == (int(seq_lens.sum()) * n + bs * n * n,)
+        assert full.dtype == torch.bool and full.shape == (
+            int(seq_lens.sum()) * n + bs * n * n,
+        )
         assert tree.shape == (bs, n, n)
         start = 0
         for b in range(bs):
@@ -135,9 +152,11 @@ def test_mask_row_allows_exactly_prefix_root_ancestors_and_self(random_batch) ->
 
 
 def test_full_mask_matches_sglang_index_formula() -> None:
-    """Cell (b, row x, tree column j) sits at N*N*b + prefix_sum_b*N + (seq_b+N)*x + seq_b + j,
-    the offset SGLang's build_tree_kernel_efficient writes (FULL_MASK)."""
-    batch = build_ddtree_batched(VECTOR_LP[None].repeat(2, 1, 1), VECTOR_IDS[None].repeat(2, 1, 1), 5)
+    """Cell (b, row x, tree column j) sits at N*N*b + prefix_sum_b*N + (seq_b+N)*x +
+    seq_b + j, the offset SGLang's build_tree_kernel_efficient writes (FULL_MASK)."""
+    batch = build_ddtree_batched(
+        VECTOR_LP[None].repeat(2, 1, 1), VECTOR_IDS[None].repeat(2, 1, 1), 5
+    )
     seq_lens = torch.tensor([3, 2])
     full = ddtree_full_mask(batch.parents, seq_lens)
     n = 6
@@ -148,7 +167,10 @@ def test_full_mask_matches_sglang_index_formula() -> None:
             base = n * n * b + prefix_sum[b] * n + (seq + n) * x
             assert full[base : base + seq].all()
             row = full[base + seq : base + seq + n].tolist()
-            assert row == [j in (_ancestors_or_self(batch.parents[b].tolist(), x) | {0}) for j in range(n)]
+            assert row == [
+                j in (_ancestors_or_self(batch.parents[b].tolist(), x) | {0})
+                for j in range(n)
+            ]
 
 
 def test_single_tree_masks() -> None:
@@ -167,15 +189,42 @@ def test_single_tree_masks() -> None:
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: compile_ddtree_retrieve(torch.tensor([[[-1]]])), r"parents of shape \[bs, N\]"),
-        (lambda: compile_ddtree_retrieve(torch.tensor([[-1.0, 0.0]])), "int64 or int32"),
-        (lambda: compile_ddtree_retrieve(torch.tensor([[0, 0]])), r"parents\[:, 0\] == -1"),
-        (lambda: compile_ddtree_retrieve(torch.tensor([[-1, 1]])), "parents precede children"),
-        (lambda: compile_ddtree_retrieve(torch.tensor([[-1, 0]]), torch.zeros(1, 3)), r"node_logws of shape \(1, 2\)"),
-        (lambda: ddtree_positions(torch.tensor([[0, 1]]), torch.tensor([1, 2])), r"prefix_lens of shape \[1\]"),
-        (lambda: ddtree_positions(torch.tensor([[0, 1]]), torch.tensor([1.0])), "int64 or int32"),
-        (lambda: ddtree_full_mask(torch.tensor([[-1, 0]]), torch.tensor([[3]])), r"seq_lens of shape \[1\]"),
-        (lambda: ddtree_ancestor_mask(torch.tensor([[-1, -2]])), "parents precede children"),
+        (
+            lambda: compile_ddtree_retrieve(torch.tensor([[[-1]]])),
+            r"parents of shape \[bs, N\]",
+        ),
+        (
+            lambda: compile_ddtree_retrieve(torch.tensor([[-1.0, 0.0]])),
+            "int64 or int32",
+        ),
+        (
+            lambda: compile_ddtree_retrieve(torch.tensor([[0, 0]])),
+            r"parents\[:, 0\] == -1",
+        ),
+        (
+            lambda: compile_ddtree_retrieve(torch.tensor([[-1, 1]])),
+            "parents precede children",
+        ),
+        (
+            lambda: compile_ddtree_retrieve(torch.tensor([[-1, 0]]), torch.zeros(1, 3)),
+            r"node_logws of shape \(1, 2\)",
+        ),
+        (
+            lambda: ddtree_positions(torch.tensor([[0, 1]]), torch.tensor([1, 2])),
+            r"prefix_lens of shape \[1\]",
+        ),
+        (
+            lambda: ddtree_positions(torch.tensor([[0, 1]]), torch.tensor([1.0])),
+            "int64 or int32",
+        ),
+        (
+            lambda: ddtree_full_mask(torch.tensor([[-1, 0]]), torch.tensor([[3]])),
+            r"seq_lens of shape \[1\]",
+        ),
+        (
+            lambda: ddtree_ancestor_mask(torch.tensor([[-1, -2]])),
+            "parents precede children",
+        ),
     ],
 )
 def test_retrieve_and_mask_reject_bad_inputs(call, match) -> None:

@@ -22,9 +22,18 @@ VECTOR_IDS = torch.tensor([[10, 11], [20, 21], [30, 31]])
 
 
 def test_modules_load_from_tree_root(tree_root: Path) -> None:
-    for module in (ddtree_tree, ddtree_batched, ddtree_checks, ddtree_retrieve, ddtree_verify, ddtree_topk):
+    for module in (
+        ddtree_tree,
+        ddtree_batched,
+        ddtree_checks,
+        ddtree_retrieve,
+        ddtree_verify,
+        ddtree_topk,
+    ):
         path = Path(module.__file__).resolve()
-        assert path.is_relative_to(tree_root / "python" / "sglang" / "srt" / "speculative"), path
+        assert path.is_relative_to(
+            tree_root / "python" / "sglang" / "srt" / "speculative"
+        ), path
 
 
 def test_design_test_vector_exactly() -> None:
@@ -32,7 +41,13 @@ def test_design_test_vector_exactly() -> None:
     assert tree.tokens.tolist() == [10, 20, 30, 11, 21]
     assert tree.depths.tolist() == [1, 2, 3, 1, 2]
     assert tree.parents.tolist() == [-1, 0, 1, 2, 0, 1]
-    assert [round(w, 3) for w in tree.node_logws.tolist()] == [-0.357, -0.868, -1.091, -1.204, -1.273]
+    assert [round(w, 3) for w in tree.node_logws.tolist()] == [
+        -0.357,
+        -0.868,
+        -1.091,
+        -1.204,
+        -1.273,
+    ]
     assert tree.child_maps == [{10: 1, 11: 4}, {20: 2, 21: 5}, {30: 3}, {}, {}, {}]
     assert tree.ranks.tolist() == [0, 0, 0, 1, 1]
     assert tree.num_nodes == 6
@@ -41,7 +56,11 @@ def test_design_test_vector_exactly() -> None:
 def test_weights_are_float64_sums_root_to_leaf() -> None:
     lp64 = VECTOR_LP.to(torch.float64).tolist()
     tree = build_ddtree_tree_from_topk(VECTOR_LP, VECTOR_IDS, 5)
-    expected = [0.0 + lp64[0][0], (0.0 + lp64[0][0]) + lp64[1][0], ((0.0 + lp64[0][0]) + lp64[1][0]) + lp64[2][0]]
+    expected = [
+        0.0 + lp64[0][0],
+        (0.0 + lp64[0][0]) + lp64[1][0],
+        ((0.0 + lp64[0][0]) + lp64[1][0]) + lp64[2][0],
+    ]
     assert tree.node_logws.dtype == torch.float64
     assert tree.node_logws[:3].tolist() == expected  # bit-exact, not approximately
 
@@ -81,11 +100,18 @@ def test_l1_is_a_star_of_the_best_tokens() -> None:
 
 
 def test_ties_break_on_the_rank_tuple() -> None:
-    # Every weight ties at each depth: order must be (0,), (1,), (0,0), (0,1), (1,0), ...
+    # Every weight ties at each depth: order is (0,), (1,), (0,0), (0,1), (1,0), ...
     lp = torch.full((2, 2), math.log(0.5))
     ids = torch.tensor([[1, 2], [3, 4]])
     tree = build_ddtree_tree_from_topk(lp, ids, 6)
-    assert [_path(tree, i) for i in range(1, 7)] == [(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [_path(tree, i) for i in range(1, 7)] == [
+        (0,),
+        (1,),
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
     # A zero log-prob makes a child tie its parent: the prefix (parent) pops first.
     lp = torch.tensor([[0.0, -1.0], [0.0, -1.0]])
     tree = build_ddtree_tree_from_topk(lp, ids, 4)
@@ -102,7 +128,9 @@ def _path(tree, node: int) -> tuple[int, ...]:
 
 
 def _all_paths(depth: int, k: int) -> list[tuple[int, ...]]:
-    return [p for d in range(1, depth + 1) for p in itertools.product(range(k), repeat=d)]
+    return [
+        p for d in range(1, depth + 1) for p in itertools.product(range(k), repeat=d)
+    ]
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -110,7 +138,9 @@ def test_tree_maximises_expected_path_mass_by_brute_force(seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     depth, k = (3, 2) if seed % 2 == 0 else (2, 3)
     probs = torch.rand(depth, k, generator=gen, dtype=torch.float64) + 0.05
-    probs = torch.sort(probs / probs.sum(dim=1, keepdim=True) * 0.9, dim=1, descending=True).values
+    probs = torch.sort(
+        probs / probs.sum(dim=1, keepdim=True) * 0.9, dim=1, descending=True
+    ).values
     lp = torch.log(probs)
     ids = torch.arange(depth * k).reshape(depth, k)
     paths = _all_paths(depth, k)
@@ -130,12 +160,32 @@ def test_tree_maximises_expected_path_mass_by_brute_force(seed: int) -> None:
     ("log_probs", "token_ids", "budget", "match"),
     [
         (torch.zeros(3), torch.zeros(3, dtype=torch.int64), 1, r"shape \[L, K\]"),
-        (torch.zeros(2, 2), torch.zeros(2, 3, dtype=torch.int64), 1, r"token_ids of shape \(2, 2\)"),
-        (torch.zeros(2, 2, dtype=torch.int64), torch.zeros(2, 2, dtype=torch.int64), 1, "float dtype"),
+        (
+            torch.zeros(2, 2),
+            torch.zeros(2, 3, dtype=torch.int64),
+            1,
+            r"token_ids of shape \(2, 2\)",
+        ),
+        (
+            torch.zeros(2, 2, dtype=torch.int64),
+            torch.zeros(2, 2, dtype=torch.int64),
+            1,
+            "float dtype",
+        ),
         (torch.zeros(2, 2), torch.zeros(2, 2), 1, "int64 or int32"),
-        (torch.zeros(0, 2), torch.zeros(0, 2, dtype=torch.int64), 1, "L >= 1 and K >= 1"),
+        (
+            torch.zeros(0, 2),
+            torch.zeros(0, 2, dtype=torch.int64),
+            1,
+            "L >= 1 and K >= 1",
+        ),
         (torch.tensor([[0.0, float("nan")]]), torch.tensor([[1, 2]]), 1, "finite"),
-        (torch.tensor([[float("-inf"), float("-inf")]]), torch.tensor([[1, 2]]), 1, "finite"),
+        (
+            torch.tensor([[float("-inf"), float("-inf")]]),
+            torch.tensor([[1, 2]]),
+            1,
+            "finite",
+        ),
         (torch.tensor([[0.5, -1.0]]), torch.tensor([[1, 2]]), 1, "<= 0"),
         (torch.tensor([[-2.0, -1.0]]), torch.tensor([[1, 2]]), 1, "sorted descending"),
         (torch.tensor([[-1.0, -2.0]]), torch.tensor([[7, 7]]), 1, "distinct token_ids"),
@@ -153,11 +203,20 @@ def test_heap_builder_rejects_non_tensors_and_mixed_devices() -> None:
     with pytest.raises(ValueError, match="tensors of shape"):
         build_ddtree_tree_from_topk([[-1.0]], torch.tensor([[1]]), 1)
     with pytest.raises(ValueError, match="on one device"):
-        build_ddtree_tree_from_topk(torch.tensor([[-1.0]]), torch.ones(1, 1, dtype=torch.int64, device="meta"), 1)
+        build_ddtree_tree_from_topk(
+            torch.tensor([[-1.0]]),
+            torch.ones(1, 1, dtype=torch.int64, device="meta"),
+            1,
+        )
 
 
 def test_duplicates_in_different_depths_are_fine() -> None:
-    # The same token at two depths is an ordinary path (e.g. "the the"), not a sibling clash.
-    tree = build_ddtree_tree_from_topk(torch.log(torch.tensor([[0.6, 0.4], [0.6, 0.4]])), torch.tensor([[1, 2], [1, 2]]), 3)
+    # The same token at two depths is an ordinary path (e.g. "the the"), not a sibling
+    # clash.
+    tree = build_ddtree_tree_from_topk(
+        torch.log(torch.tensor([[0.6, 0.4], [0.6, 0.4]])),
+        torch.tensor([[1, 2], [1, 2]]),
+        3,
+    )
     assert tree.tokens.tolist() == [1, 2, 1]
     assert tree.parents.tolist() == [-1, 0, 0, 1]

@@ -1,4 +1,4 @@
-"""Greedy and sampling verify: kernel semantics, greedy == argmax decoding, losslessness."""
+"""Greedy and sampling verify: kernel semantics, greedy == argmax, losslessness."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import torch
 from scipy.stats import chisquare
 
 from sglang.srt.speculative.ddtree_batched import build_ddtree_batched
-from sglang.srt.speculative.ddtree_retrieve import DDTreeRetrieve, compile_ddtree_retrieve
+from sglang.srt.speculative.ddtree_retrieve import (
+    DDTreeRetrieve,
+    compile_ddtree_retrieve,
+)
 from sglang.srt.speculative.ddtree_verify import (
     ddtree_verify_greedy,
     ddtree_verify_sampling,
@@ -16,10 +19,18 @@ from sglang.srt.speculative.ddtree_verify import (
 )
 
 
-def _random_trees(gen: torch.Generator, bs: int, depth: int, k: int, budget: int, vocab: int):
+def _random_trees(
+    gen: torch.Generator, bs: int, depth: int, k: int, budget: int, vocab: int
+):
     """Batched DDTrees with distinct sibling tokens drawn from a small vocabulary."""
-    lp = torch.sort(-torch.rand(bs, depth, k, generator=gen, dtype=torch.float64) * 3, dim=-1, descending=True).values
-    ids = torch.stack([torch.randperm(vocab, generator=gen)[:k] for _ in range(bs * depth)]).reshape(bs, depth, k)
+    lp = torch.sort(
+        -torch.rand(bs, depth, k, generator=gen, dtype=torch.float64) * 3,
+        dim=-1,
+        descending=True,
+    ).values
+    ids = torch.stack(
+        [torch.randperm(vocab, generator=gen)[:k] for _ in range(bs * depth)]
+    ).reshape(bs, depth, k)
     roots = torch.randint(0, vocab, (bs,), generator=gen)
     batch = build_ddtree_batched(lp, ids, budget, root_tokens=roots)
     return batch, compile_ddtree_retrieve(batch.parents, batch.node_logws)
@@ -35,11 +46,11 @@ def _one_intra_op_thread():
     torch.set_num_threads(before)
 
 
-# --- scalar references: one request at a time, line by line after SGLang's kernels --------
+# --- scalar references: one request at a time, line by line after SGLang's kernels --
 
 
 def _greedy_reference(cand, ridx, nxt, sib, target, s):
-    """verify_tree_greedy for one request b (lists); returns (predicts dict, accept, num)."""
+    """verify_tree_greedy for one request (lists): (predicts dict, accept, num)."""
     n = len(cand)
     last = ridx[0]
     accept, predicts, num, cur = [last], {}, 0, 0
@@ -58,10 +69,14 @@ def _greedy_reference(cand, ridx, nxt, sib, target, s):
     return predicts, accept, num
 
 
-def _sampling_reference(cand, ridx, nxt, sib, coins, final_coin, tp, dp, s, thr_single, thr_acc):
-    """tree_speculative_sampling_target_only for one request in numpy float32 (dp mutated)."""
+def _sampling_reference(
+    cand, ridx, nxt, sib, coins, final_coin, tp, dp, s, thr_single, thr_acc
+):
+    """tree_speculative_sampling_target_only, one request in float32 (dp mutated)."""
     f32 = np.float32
-    thr_single, thr_acc = f32(thr_single), f32(thr_acc)
+    # The kernel's host wrapper passes
+    # std::max(static_cast<float>(threshold_acc), 1e-9f).
+    thr_single, thr_acc = f32(thr_single), max(f32(thr_acc), f32(1e-9))
     prob_acc, row, coin = f32(0), 0, f32(coins[0])
     last = ridx[0]
     accept, predicts, num, cur = [last], {}, 0, 0
@@ -89,7 +104,11 @@ def _sampling_reference(cand, ridx, nxt, sib, coins, final_coin, tp, dp, s, thr_
     cdf = np.cumsum(relu, dtype=f32)
     hits = np.nonzero((relu > 0) & (cdf > u))[0]
     positive = np.nonzero(relu > 0)[0]
-    predicts[last] = int(hits[0]) if hits.size else (int(positive[-1]) if positive.size else len(q) - 1)
+    predicts[last] = (
+        int(hits[0])
+        if hits.size
+        else (int(positive[-1]) if positive.size else len(q) - 1)
+    )
     return predicts, accept, num
 
 
@@ -99,7 +118,9 @@ def _check_against_reference(result, refs, n, s):
         assert result.accept_index[b].tolist() == accept + [-1] * (s - len(accept))
         for glob, token in predicts.items():
             assert int(result.predicts[glob]) == token
-        assert result.emitted_tokens[b, : num + 1].tolist() == [predicts[g] for g in accept]
+        assert result.emitted_tokens[b, : num + 1].tolist() == [
+            predicts[g] for g in accept
+        ]
         assert int(result.bonus_token[b]) == predicts[accept[-1]]
         assert result.accept_slots[b, : num + 1].tolist() == [g - b * n for g in accept]
 
@@ -111,21 +132,43 @@ def test_greedy_verify_matches_the_kernel_walk() -> None:
     n, s = batch.num_slots, depth + 1
     # A target that often agrees with the draft: the best child's token, else random.
     target = torch.randint(0, vocab, (64, n), generator=gen)
-    first_child = torch.where(r.retrieve_next_token >= 0, batch.tokens.gather(1, r.retrieve_next_token.clamp(min=0)), target)
+    first_child = torch.where(
+        r.retrieve_next_token >= 0,
+        batch.tokens.gather(1, r.retrieve_next_token.clamp(min=0)),
+        target,
+    )
     target = torch.where(torch.rand(64, n, generator=gen) < 0.7, first_child, target)
     result = ddtree_verify_greedy(batch.tokens, r, target, s)
-    assert result.predicts.dtype == result.accept_index.dtype == result.accept_token_num.dtype == torch.int32
+    assert (
+        result.predicts.dtype
+        == result.accept_index.dtype
+        == result.accept_token_num.dtype
+        == torch.int32
+    )
     refs = [
-        _greedy_reference(batch.tokens[b].tolist(), r.retrieve_index[b].tolist(), r.retrieve_next_token[b].tolist(),
-                          r.retrieve_next_sibling[b].tolist(), target[b].tolist(), s)
+        _greedy_reference(
+            batch.tokens[b].tolist(),
+            r.retrieve_index[b].tolist(),
+            r.retrieve_next_token[b].tolist(),
+            r.retrieve_next_sibling[b].tolist(),
+            target[b].tolist(),
+            s,
+        )
         for b in range(64)
     ]
     _check_against_reference(result, refs, n, s)
-    assert max(num for _, _, num in refs) == depth and min(num for _, _, num in refs) == 0
+    assert (
+        max(num for _, _, num in refs) == depth and min(num for _, _, num in refs) == 0
+    )
 
 
-@pytest.mark.parametrize(("thr_single", "thr_acc", "draft_nonzero"), [(1.0, 1.0, False), (0.3, 0.6, True), (1.0, 0.9, False)])
-def test_sampling_verify_matches_the_kernel_walk(thr_single, thr_acc, draft_nonzero) -> None:
+@pytest.mark.parametrize(
+    ("thr_single", "thr_acc", "draft_nonzero"),
+    [(1.0, 1.0, False), (0.3, 0.6, True), (1.0, 0.9, False)],
+)
+def test_sampling_verify_matches_the_kernel_walk(
+    thr_single, thr_acc, draft_nonzero
+) -> None:
     gen = torch.Generator().manual_seed(21)
     vocab, depth, bs = 7, 3, 96
     batch, r = _random_trees(gen, bs, depth, 3, 12, vocab)
@@ -133,15 +176,38 @@ def test_sampling_verify_matches_the_kernel_walk(thr_single, thr_acc, draft_nonz
     logits = torch.randn(bs, n, vocab, generator=gen) * 2
     logits[:, :, 0] = -float("inf")  # zero-mass tokens exercise the p > 0 rule
     tp = torch.softmax(logits, dim=-1)
-    dp = torch.rand(bs, n, vocab, generator=gen) * 0.05 if draft_nonzero else torch.zeros(bs, n, vocab)
+    dp = (
+        torch.rand(bs, n, vocab, generator=gen) * 0.05
+        if draft_nonzero
+        else torch.zeros(bs, n, vocab)
+    )
     coins, final = torch.rand(bs, n, generator=gen), torch.rand(bs, generator=gen)
     dp_ref = dp.clone().numpy()
-    result = ddtree_verify_sampling(batch.tokens, r, tp, coins, final, s, draft_probs=dp,
-                                    threshold_single=thr_single, threshold_acc=thr_acc)
+    result = ddtree_verify_sampling(
+        batch.tokens,
+        r,
+        tp,
+        coins,
+        final,
+        s,
+        draft_probs=dp,
+        threshold_single=thr_single,
+        threshold_acc=thr_acc,
+    )
     refs = [
-        _sampling_reference(batch.tokens[b].tolist(), r.retrieve_index[b].tolist(), r.retrieve_next_token[b].tolist(),
-                            r.retrieve_next_sibling[b].tolist(), coins[b].numpy(), final[b].item(), tp[b].numpy(),
-                            dp_ref[b], s, thr_single, thr_acc)
+        _sampling_reference(
+            batch.tokens[b].tolist(),
+            r.retrieve_index[b].tolist(),
+            r.retrieve_next_token[b].tolist(),
+            r.retrieve_next_sibling[b].tolist(),
+            coins[b].numpy(),
+            final[b].item(),
+            tp[b].numpy(),
+            dp_ref[b],
+            s,
+            thr_single,
+            thr_acc,
+        )
         for b in range(bs)
     ]
     _check_against_reference(result, refs, n, s)
@@ -156,21 +222,82 @@ def test_sampling_bonus_after_full_acceptance_ignores_draft_probs() -> None:
     dp = torch.zeros_like(tp)
     dp[0, 2] = torch.tensor([0.5, 0.0, 0.0])
     out = tree_speculative_sampling_target_only_torch(
-        torch.zeros(3, dtype=torch.int32), torch.full((1, 3), -1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
-        tokens, r.retrieve_index, r.retrieve_next_token, r.retrieve_next_sibling,
-        torch.full((1, 3), 0.5), torch.tensor([0.1]), tp, dp)
+        torch.zeros(3, dtype=torch.int32),
+        torch.full((1, 3), -1, dtype=torch.int32),
+        torch.zeros(1, dtype=torch.int32),
+        tokens,
+        r.retrieve_index,
+        r.retrieve_next_token,
+        r.retrieve_next_sibling,
+        torch.full((1, 3), 0.5),
+        torch.tensor([0.1]),
+        tp,
+        dp,
+    )
     assert out is None  # in place, like the kernel
-    result = ddtree_verify_sampling(tokens, r, tp, torch.full((1, 3), 0.5), torch.tensor([0.1]), 3, draft_probs=dp)
-    assert result.emitted_tokens.tolist() == [[1, 2, 0]]  # token 0 despite draft_probs[2, 0] = 0.5
+    result = ddtree_verify_sampling(
+        tokens, r, tp, torch.full((1, 3), 0.5), torch.tensor([0.1]), 3, draft_probs=dp
+    )
+    # Token 0 despite draft_probs[2, 0] = 0.5.
+    assert result.emitted_tokens.tolist() == [[1, 2, 0]]
 
 
-# --- greedy speculative decoding on a toy target equals plain argmax decoding --------------
+def _chain_sampling(target_prob: float, threshold_acc: float):
+    """Root -> token 1 -> token 2; the root's target puts ``target_prob`` on token 1."""
+    tokens = torch.tensor([[0, 1, 2]])
+    r = compile_ddtree_retrieve(torch.tensor([[-1, 0, 1]]))
+    tp = torch.full((1, 3, 3), 1.0 / 3)
+    tp[0, 0] = torch.tensor([1.0 - target_prob, target_prob, 0.0])
+    coins = torch.full((1, 3), 0.5)
+    return ddtree_verify_sampling(
+        tokens, r, tp, coins, torch.tensor([0.25]), 3, threshold_acc=threshold_acc
+    )
+
+
+def test_sampling_threshold_acc_is_clamped_like_the_kernel_host_wrapper() -> None:
+    """threshold_acc = 0 divides by 1e-9f (no inf/NaN): a 1e-12 target prob with coin
+    0.5 is rejected (1e-3 < 0.5 fails), a 1e-8 one accepted (10 > 0.5); 0 behaves as
+    1e-9.
+    """
+    rejected = _chain_sampling(1e-12, 0.0)
+    assert rejected.accept_token_num.tolist() == [0]
+    assert rejected.emitted_tokens[0, 0].item() in (0, 1)  # the bonus: a real token
+    accepted = _chain_sampling(1e-8, 0.0)
+    assert accepted.accept_token_num.tolist() == [2]
+    for prob in (1e-12, 1e-10, 1e-8, 0.3):
+        zero, floor = _chain_sampling(prob, 0.0), _chain_sampling(prob, 1e-9)
+        assert zero.emitted_tokens.tolist() == floor.emitted_tokens.tolist()
+        assert zero.accept_index.tolist() == floor.accept_index.tolist()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("threshold_acc", 1.5), ("threshold_single", -0.1)]
+)
+def test_sampling_thresholds_outside_unit_interval_are_rejected(name, value) -> None:
+    """The kernel's host wrapper checks 0 <= threshold <= 1; the torch twin does too."""
+    tokens = torch.tensor([[0, 1]])
+    r = compile_ddtree_retrieve(torch.tensor([[-1, 0]]))
+    tp = torch.full((1, 2, 2), 0.5)
+    with pytest.raises(ValueError, match=name):
+        ddtree_verify_sampling(
+            tokens,
+            r,
+            tp,
+            torch.full((1, 2), 0.5),
+            torch.tensor([0.5]),
+            2,
+            **{name: value},
+        )
+
+
+# --- greedy speculative decoding on a toy target equals plain argmax decoding ------
 
 
 def test_greedy_speculative_decoding_equals_argmax_decoding() -> None:
     gen = torch.Generator().manual_seed(31)
     vocab, depth, k, budget, steps_out, bs = 12, 5, 3, 24, 60, 6
-    table = torch.randint(0, vocab, (vocab, vocab), generator=gen)  # next = table[prev, cur]
+    # next = table[prev, cur]
+    table = torch.randint(0, vocab, (vocab, vocab), generator=gen)
 
     def argmax_decode(prev: int, cur: int) -> list[int]:
         out = []
@@ -179,7 +306,9 @@ def test_greedy_speculative_decoding_equals_argmax_decoding() -> None:
             out.append(cur)
         return out
 
-    starts = [(int(a), int(b)) for a, b in torch.randint(0, vocab, (bs, 2), generator=gen)]
+    starts = [
+        (int(a), int(b)) for a, b in torch.randint(0, vocab, (bs, 2), generator=gen)
+    ]
     expected = [argmax_decode(p, c) for p, c in starts]
     history = [[p, c] for p, c in starts]
     accepted_total = 0
@@ -188,9 +317,13 @@ def test_greedy_speculative_decoding_equals_argmax_decoding() -> None:
         roots = torch.tensor([h[-1] for h in history])
         batch = build_ddtree_batched(lp, ids, budget, root_tokens=roots)
         r = compile_ddtree_retrieve(batch.parents)
-        prev_tok = torch.where(batch.parents >= 0, batch.tokens.gather(1, batch.parents.clamp(min=0)),
-                               torch.tensor([h[-2] for h in history])[:, None])
-        target = table[prev_tok.clamp(min=0), batch.tokens.clamp(min=0)]  # argmax after each slot
+        prev_tok = torch.where(
+            batch.parents >= 0,
+            batch.tokens.gather(1, batch.parents.clamp(min=0)),
+            torch.tensor([h[-2] for h in history])[:, None],
+        )
+        # The target's argmax after each slot.
+        target = table[prev_tok.clamp(min=0), batch.tokens.clamp(min=0)]
         result = ddtree_verify_greedy(batch.tokens, r, target, depth + 1)
         for b in range(bs):
             num = int(result.accept_token_num[b])
@@ -208,17 +341,21 @@ def _toy_draft(gen, history, table, vocab, depth, k):
         rows_lp, rows_id = [], []
         for _ in range(depth):
             prev, cur = cur, int(table[prev, cur])
-            others = [t for t in torch.randperm(vocab, generator=gen).tolist() if t != cur][:k]
+            others = [
+                t for t in torch.randperm(vocab, generator=gen).tolist() if t != cur
+            ][:k]
             if torch.rand(1, generator=gen).item() < 0.7:
                 others.insert(int(torch.randint(0, k, (1,), generator=gen)), cur)
             rows_id.append(others[:k])
-            rows_lp.append(sorted((-torch.rand(k, generator=gen) * 4).tolist(), reverse=True))
+            rows_lp.append(
+                sorted((-torch.rand(k, generator=gen) * 4).tolist(), reverse=True)
+            )
         lps.append(rows_lp)
         idss.append(rows_id)
     return torch.tensor(lps, dtype=torch.float64), torch.tensor(idss)
 
 
-# --- losslessness: emitted tokens are distributed as sampling from the target ---------------
+# --- losslessness: emitted tokens are distributed as sampling from the target ------
 
 VOCAB, EMIT, DRAWS = 4, 3, 100_000
 
@@ -233,14 +370,26 @@ TARGET = _markov(41, 0.4).to(torch.float32)  # every transition has probability 
 DRAFT = _markov(42, 0.05)  # a different chain, so drafts are often rejected
 
 
-def _speculative_samples(depth: int, k: int, budget: int, seed: int, threshold_acc: float = 1.0,
-                         duplicate_siblings: bool = False) -> torch.Tensor:
-    """DRAWS sequences of EMIT tokens from x0 = 0 via DDTree + sampling verify (vectorised)."""
+def _speculative_samples(
+    depth: int,
+    k: int,
+    budget: int,
+    seed: int,
+    threshold_acc: float = 1.0,
+    duplicate_siblings: bool = False,
+) -> torch.Tensor:
+    """DRAWS sequences of EMIT tokens from x0 = 0 by DDTree + sampling verify."""
     gen = torch.Generator().manual_seed(seed)
     lp_by_root, ids_by_root = _factorised_draft(depth, k, duplicate_siblings)
-    # The draft depends on the root token only: one tree per vocabulary entry, gathered per draw.
-    trees = build_ddtree_batched(lp_by_root, ids_by_root, budget, root_tokens=torch.arange(VOCAB),
-                                 validate=not duplicate_siblings)
+    # The draft depends on the root token only: one tree per vocabulary entry, gathered
+    # per draw.
+    trees = build_ddtree_batched(
+        lp_by_root,
+        ids_by_root,
+        budget,
+        root_tokens=torch.arange(VOCAB),
+        validate=not duplicate_siblings,
+    )
     links = compile_ddtree_retrieve(trees.parents, trees.node_logws)
     n = trees.num_slots
     retrieve_index = torch.arange(DRAWS)[:, None] * n + torch.arange(n)[None, :]
@@ -249,11 +398,26 @@ def _speculative_samples(depth: int, k: int, budget: int, seed: int, threshold_a
     last = torch.zeros(DRAWS, dtype=torch.int64)
     while int(filled.min()) < EMIT:
         tokens = trees.tokens[last]
-        r = DDTreeRetrieve(retrieve_index, links.retrieve_next_token[last], links.retrieve_next_sibling[last])
-        tp = TARGET[tokens.clamp(min=0)]  # [DRAWS, N, V]: next-token probs after each slot
-        result = ddtree_verify_sampling(tokens, r, tp, torch.rand(DRAWS, n, generator=gen),
-                                        torch.rand(DRAWS, generator=gen), depth + 1, threshold_acc=threshold_acc)
-        emitted, count = result.emitted_tokens, result.accept_token_num.to(torch.int64) + 1
+        r = DDTreeRetrieve(
+            retrieve_index,
+            links.retrieve_next_token[last],
+            links.retrieve_next_sibling[last],
+        )
+        # [DRAWS, N, V]: next-token probs after each slot.
+        tp = TARGET[tokens.clamp(min=0)]
+        result = ddtree_verify_sampling(
+            tokens,
+            r,
+            tp,
+            torch.rand(DRAWS, n, generator=gen),
+            torch.rand(DRAWS, generator=gen),
+            depth + 1,
+            threshold_acc=threshold_acc,
+        )
+        emitted, count = (
+            result.emitted_tokens,
+            result.accept_token_num.to(torch.int64) + 1,
+        )
         for j in range(emitted.shape[1]):
             take = (j < count) & (filled < EMIT)
             out[take, filled[take]] = emitted[take, j]
@@ -263,7 +427,7 @@ def _speculative_samples(depth: int, k: int, budget: int, seed: int, threshold_a
 
 
 def _factorised_draft(depth: int, k: int, duplicate_siblings: bool):
-    """Per root token: depth-d marginals of the draft chain, top-K (DFlash-like, factorised)."""
+    """Per root token: depth-d marginals of the draft chain, top-K (DFlash-like)."""
     lps, idss = [], []
     for root in range(VOCAB):
         dist = torch.zeros(VOCAB, dtype=torch.float64)
@@ -275,7 +439,8 @@ def _factorised_draft(depth: int, k: int, duplicate_siblings: bool):
             rows_lp.append(torch.log(top.values[:k]))
             ids = top.indices[:k].clone()
             if duplicate_siblings:
-                ids[1:] = ids[0]  # every sibling carries the best token: forced past validation
+                # Every sibling carries the best token: forced past validation.
+                ids[1:] = ids[0]
             rows_id.append(ids)
         lps.append(torch.stack(rows_lp))
         idss.append(torch.stack(rows_id))
@@ -286,7 +451,9 @@ def _chi_square_pvalue(samples: torch.Tensor) -> float:
     codes = (samples * torch.tensor([VOCAB * VOCAB, VOCAB, 1])).sum(dim=1)
     observed = torch.bincount(codes, minlength=VOCAB**EMIT).double()
     seq = torch.cartesian_prod(*[torch.arange(VOCAB)] * EMIT)
-    prev = torch.cat([torch.zeros(seq.shape[0], 1, dtype=torch.int64), seq[:, :-1]], dim=1)
+    prev = torch.cat(
+        [torch.zeros(seq.shape[0], 1, dtype=torch.int64), seq[:, :-1]], dim=1
+    )
     expected = TARGET.double()[prev, seq].prod(dim=1) * samples.shape[0]
     return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
 
@@ -319,20 +486,34 @@ def test_lossless_test_detects_duplicate_siblings() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"candidates": torch.zeros(6, dtype=torch.int64)}, r"candidates of shape \[bs, N\]"),
+        (
+            {"candidates": torch.zeros(6, dtype=torch.int64)},
+            r"candidates of shape \[bs, N\]",
+        ),
         ({"num_speculative_tokens": 0}, "num_speculative_tokens >= 1"),
         ({"target_probs": torch.zeros(1, 6)}, r"target_probs of shape \[1, 6, V\]"),
         ({"uniform_samples": torch.zeros(1, 5)}, r"uniform_samples \[1, 6\]"),
-        ({"draft_probs": torch.zeros(1, 6, 3, dtype=torch.float64)}, "draft_probs contiguous float32"),
-        ({"draft_probs": torch.zeros(1, 3, 6).transpose(1, 2)}, "draft_probs contiguous float32"),
+        (
+            {"draft_probs": torch.zeros(1, 6, 3, dtype=torch.float64)},
+            "draft_probs contiguous float32",
+        ),
+        (
+            {"draft_probs": torch.zeros(1, 3, 6).transpose(1, 2)},
+            "draft_probs contiguous float32",
+        ),
         ({"use_kernel": True}, "use_kernel=True needs CUDA"),
     ],
 )
 def test_sampling_verify_rejects_bad_inputs(kwargs, match) -> None:
     r = compile_ddtree_retrieve(torch.tensor([[-1, 0, 1, 2, 0, 1]]))
-    args = {"candidates": torch.tensor([[0, 1, 2, 1, 2, 0]]), "retrieve": r, "target_probs": torch.full((1, 6, 3), 1 / 3),
-            "uniform_samples": torch.rand(1, 6), "uniform_samples_for_final_sampling": torch.rand(1),
-            "num_speculative_tokens": 4}
+    args = {
+        "candidates": torch.tensor([[0, 1, 2, 1, 2, 0]]),
+        "retrieve": r,
+        "target_probs": torch.full((1, 6, 3), 1 / 3),
+        "uniform_samples": torch.rand(1, 6),
+        "uniform_samples_for_final_sampling": torch.rand(1),
+        "num_speculative_tokens": 4,
+    }
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         ddtree_verify_sampling(**args)
@@ -342,6 +523,8 @@ def test_greedy_verify_rejects_bad_inputs() -> None:
     r = compile_ddtree_retrieve(torch.tensor([[-1, 0]]))
     with pytest.raises(ValueError, match=r"target_predict of shape \(1, 2\)"):
         ddtree_verify_greedy(torch.tensor([[0, 1]]), r, torch.tensor([[1]]), 2)
-    bad = DDTreeRetrieve(r.retrieve_index, r.retrieve_next_token[:, :1], r.retrieve_next_sibling)
+    bad = DDTreeRetrieve(
+        r.retrieve_index, r.retrieve_next_token[:, :1], r.retrieve_next_sibling
+    )
     with pytest.raises(ValueError, match=r"retrieve_next_token of shape \(1, 2\)"):
         ddtree_verify_greedy(torch.tensor([[0, 1]]), bad, torch.tensor([[1, 1]]), 2)

@@ -2,16 +2,18 @@
 
     python -m sglang.srt.speculative.ddtree_build --arch 12.0 [--cache-dir D] [--json]
 
-Compiles, through SGLang's own ``load_jit`` under ``override_jit_cuda_arch`` (so the cache
-keys are exactly the ones a server computes at run time):
+Compiles, through SGLang's own ``load_jit`` under ``override_jit_cuda_arch`` (so the
+cache keys are exactly the ones a server computes at run time):
   * ``speculative_ddtree``   the DDTree tree-build kernel (ddtree_kernel.py),
   * ``speculative_tree``     SGLang's tree module (greedy verify),
   * ``speculative_sampling`` SGLang's sampling verify, when flashinfer's headers are
                              installed (skipped with the reason otherwise).
 into ``$SGLANG_JIT_CACHE_DIR``. Serve afterwards with the same SGLANG_JIT_CACHE_DIR and
-SGLANG_CRASH_ON_JIT_COMPILE=1, so a missed build fails loudly instead of compiling per rank.
+SGLANG_CRASH_ON_JIT_COMPILE=1, so a missed build fails loudly instead of compiling per
+rank.
 
-Human lines go to stderr; ``--json`` prints a summary to stdout. Exit 1 if a build failed.
+Human lines go to stderr; ``--json`` prints a summary to stdout. Exit 1 if a build
+failed.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-KIMI_K2_VOCAB = 163840  # the deployed target model's vocab (sets the sampling kernel's vec size)
+# The deployed target model's vocab (it sets the sampling kernel's vec size).
+KIMI_K2_VOCAB = 163840
 
 
 @dataclass
@@ -60,9 +63,13 @@ def parse_arch(text: str) -> tuple[int, int]:
     elif raw.isdigit() and len(raw) >= 2:
         major, minor = raw[:-1], raw[-1]
     else:
-        raise ValueError(f"cannot read CUDA arch {text!r}; expected e.g. 12.0, 10.3 or sm_120")
+        raise ValueError(
+            f"cannot read CUDA arch {text!r}; expected e.g. 12.0, 10.3 or sm_120"
+        )
     if not (major.isdigit() and minor.isdigit()):
-        raise ValueError(f"cannot read CUDA arch {text!r}; expected e.g. 12.0, 10.3 or sm_120")
+        raise ValueError(
+            f"cannot read CUDA arch {text!r}; expected e.g. 12.0, 10.3 or sm_120"
+        )
     return int(major), int(minor)
 
 
@@ -71,25 +78,41 @@ def _shared_objects(root: Path) -> set[Path]:
 
 
 def _find_leaf(root: Path, module: str) -> Optional[Path]:
-    """Newest cached .so of `module` (the cache names its directory sgl_kernel_jit_<module>...)."""
-    found = [p for p in _shared_objects(root) if p.parts[-4].startswith(f"sgl_kernel_jit_{module}")]
+    """Newest cached .so of `module` (cached under sgl_kernel_jit_<module>...)."""
+    found = [
+        p
+        for p in _shared_objects(root)
+        if p.parts[-4].startswith(f"sgl_kernel_jit_{module}")
+    ]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
-def _build_one(name: str, arch: str, root: Path, load: Callable[[], object],
-               log: Callable[[str], None]) -> ModuleResult:
+def _build_one(
+    name: str,
+    arch: str,
+    root: Path,
+    load: Callable[[], object],
+    log: Callable[[str], None],
+) -> ModuleResult:
     before = _shared_objects(root)
     start = time.monotonic()
     try:
         load()
-    except Exception as exc:  # a compiler error: show nvcc's diagnostics, keep building the others
+    except Exception as exc:
+        # A compiler error: show nvcc's diagnostics, keep building the others.
         lines = str(exc).splitlines()
         for line in lines[-200:]:
             log(f"  {name}: {line}")
         detail = " ".join(" ".join(lines).split())[-2000:]
-        return ModuleResult(name, arch, "failed", time.monotonic() - start, reason=detail)
+        return ModuleResult(
+            name, arch, "failed", time.monotonic() - start, reason=detail
+        )
     seconds = time.monotonic() - start
-    new = sorted(p for p in _shared_objects(root) - before if p.parts[-4].startswith(f"sgl_kernel_jit_{name}"))
+    new = sorted(
+        p
+        for p in _shared_objects(root) - before
+        if p.parts[-4].startswith(f"sgl_kernel_jit_{name}")
+    )
     if new:
         return ModuleResult(name, arch, "built", seconds, path=str(new[-1]))
     leaf = _find_leaf(root, name)
@@ -112,7 +135,8 @@ def _sampling_loader(vocab_size: int) -> Callable[[], object]:
     def load() -> object:
         from sglang.kernels.ops.speculative.sampling import _jit_sampling_module
 
-        # Same arguments as tree_speculative_sampling_target_only (DFlash passes deterministic=True).
+        # Same arguments as tree_speculative_sampling_target_only (DFlash passes
+        # deterministic=True).
         return _jit_sampling_module(math.gcd(4, vocab_size), True)
 
     return load
@@ -121,7 +145,10 @@ def _sampling_loader(vocab_size: int) -> Callable[[], object]:
 def sampling_skip_reason() -> Optional[str]:
     """Why speculative_sampling cannot be built here, or None when it can."""
     if importlib.util.find_spec("flashinfer") is None:
-        return "flashinfer is not installed in this python env (speculative_sampling needs its headers)"
+        return (
+            "flashinfer is not installed in this python env "
+            "(speculative_sampling needs its headers)"
+        )
     try:
         from sglang.kernels.jit.utils.deps import REGISTERED_DEPENDENCIES
 
@@ -134,19 +161,32 @@ def sampling_skip_reason() -> Optional[str]:
 MODULES = ("speculative_ddtree", "speculative_tree", "speculative_sampling")
 
 
-def build_all(major: int, minor: int, *, vocab_size: int = KIMI_K2_VOCAB, only: Optional[list[str]] = None,
-              log: Callable[[str], None] = lambda s: None) -> BuildSummary:
-    """Build the modules (all, or `only`) for (major, minor) into the configured SGLANG_JIT_CACHE_DIR."""
+def build_all(
+    major: int,
+    minor: int,
+    *,
+    vocab_size: int = KIMI_K2_VOCAB,
+    only: Optional[list[str]] = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> BuildSummary:
+    """Build the modules (all, or `only`) for (major, minor).
+
+    The builds land in the configured SGLANG_JIT_CACHE_DIR.
+    """
     from sglang.kernels.jit.utils import override_jit_cuda_arch
     from sglang.kernels.jit.utils.compile.cache import cache_root
 
     arch = f"{major}.{minor}"
     root = cache_root()
-    # Building without a GPU is the point: SGLang's "Cannot detect CUDA architecture" is noise here.
+    # Building without a GPU is the point: SGLang's "Cannot detect CUDA architecture"
+    # is noise here.
     logging.getLogger("sglang.kernels.jit.utils.arch").setLevel(logging.ERROR)
     summary = BuildSummary(arch=arch, cache_dir=str(root))
-    modules = [("speculative_ddtree", _load_ddtree), ("speculative_tree", _load_tree),
-               ("speculative_sampling", _sampling_loader(vocab_size))]
+    modules = [
+        ("speculative_ddtree", _load_ddtree),
+        ("speculative_tree", _load_tree),
+        ("speculative_sampling", _sampling_loader(vocab_size)),
+    ]
     modules = [(name, load) for name, load in modules if only is None or name in only]
     with override_jit_cuda_arch(major, minor):
         for name, load in modules:
@@ -168,16 +208,33 @@ def _describe(m: ModuleResult) -> str:
 
 
 def _parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m sglang.srt.speculative.ddtree_build", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--arch", required=True, help="CUDA compute capability to build for, e.g. 12.0 or 10.3")
+    p = argparse.ArgumentParser(
+        prog="python -m sglang.srt.speculative.ddtree_build",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--arch",
+        required=True,
+        help="CUDA compute capability to build for, e.g. 12.0 or 10.3",
+    )
     p.add_argument("--cache-dir", help="JIT cache root (sets SGLANG_JIT_CACHE_DIR)")
-    p.add_argument("--vocab-size", type=int, default=KIMI_K2_VOCAB,
-                   help="target vocab size; picks the sampling kernel variant (default: Kimi K2.6)")
-    p.add_argument("--modules", nargs="+", choices=MODULES, help="build only these (default: all)")
-    p.add_argument("--force", action="store_true",
-                   help="recompile even when the cache has a build (SGLANG_JIT_FORCE_RECOMPILE; an existing "
-                        "cache entry is kept, delete it for a fresh one)")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=KIMI_K2_VOCAB,
+        help="target vocab size; picks the sampling kernel variant "
+        "(default: Kimi K2.6)",
+    )
+    p.add_argument(
+        "--modules", nargs="+", choices=MODULES, help="build only these (default: all)"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="recompile even when the cache has a build (SGLANG_JIT_FORCE_RECOMPILE; "
+        "an existing cache entry is kept, delete it for a fresh one)",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     return p.parse_args(argv)
 
@@ -190,15 +247,31 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"ddtree_build: error: {exc}", file=sys.stderr)
         return 2
     if args.cache_dir:
-        os.environ["SGLANG_JIT_CACHE_DIR"] = str(Path(args.cache_dir).expanduser().resolve())
+        os.environ["SGLANG_JIT_CACHE_DIR"] = str(
+            Path(args.cache_dir).expanduser().resolve()
+        )
     if args.force:
         os.environ["SGLANG_JIT_FORCE_RECOMPILE"] = "1"
     os.environ.pop("SGLANG_CRASH_ON_JIT_COMPILE", None)  # building is the point here
-    log = lambda s: print(f"ddtree_build: {s}", file=sys.stderr, flush=True)  # noqa: E731
-    summary = build_all(major, minor, vocab_size=args.vocab_size, only=args.modules, log=log)
+
+    def log(line: str) -> None:
+        print(f"ddtree_build: {line}", file=sys.stderr, flush=True)
+
+    summary = build_all(
+        major, minor, vocab_size=args.vocab_size, only=args.modules, log=log
+    )
     if args.json:
-        print(json.dumps({"arch": summary.arch, "cache_dir": summary.cache_dir, "ok": summary.ok,
-                          "modules": [asdict(m) for m in summary.modules]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "arch": summary.arch,
+                    "cache_dir": summary.cache_dir,
+                    "ok": summary.ok,
+                    "modules": [asdict(m) for m in summary.modules],
+                },
+                indent=2,
+            )
+        )
     return 0 if summary.ok else 1
 
 

@@ -1,14 +1,15 @@
 """DDTree best-first heap builder for one request: the reference semantics.
 
-DDTree (Ringel & Romano, 2026) turns one block-diffusion draft pass into a draft tree. The
-draft gives, per depth d = 1..L, the top-K log-probs (sorted descending, normalised over
-the whole vocabulary) and their token ids. A node is a path of ranks (j_1, ..., j_d); its
-token is token_ids[d-1, j_d] and its weight the sum of log_probs[k-1, j_k] along the path.
+DDTree (Ringel & Romano, 2026) turns one block-diffusion draft pass into a draft tree.
+The draft gives, per depth d = 1..L, the top-K log-probs (sorted descending, normalised
+over the whole vocabulary) and their token ids. A node is a path of ranks (j_1, ...,
+j_d); its token is token_ids[d-1, j_d] and its weight the sum of log_probs[k-1, j_k]
+along the path.
 
 Heap order (the contract every other builder, CPU or CUDA, reproduces):
   * node 0 is the root (the previous bonus token, weight 0.0);
-  * the heap starts with (depth 1, rank 0); each pop becomes node n + 1 and pushes at most
-    its next sibling (same parent, rank + 1, if rank + 1 < K) and its first child
+  * the heap starts with (depth 1, rank 0); each pop becomes node n + 1 and pushes at
+    most its next sibling (same parent, rank + 1, if rank + 1 < K) and its first child
     (depth + 1, rank 0, if depth < L);
   * the heap key is (-weight, rank tuple): ties in weight break on the rank tuple,
     lexicographically, a prefix sorting first;
@@ -16,8 +17,8 @@ Heap order (the contract every other builder, CPU or CUDA, reproduces):
 
 Float rule: log-probs are cast to float64 and a child's weight is formed as
 ``weight(parent) + float64(log_probs[d - 1, rank])`` (root weight 0.0, one IEEE add per
-edge, root -> leaf). ``ddtree_batched`` and the CUDA kernel form the very same sums, so all
-builders agree on near-ties bit for bit.
+edge, root -> leaf). ``ddtree_batched`` and the CUDA kernel form the very same sums, so
+all builders agree on near-ties bit for bit.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang.srt.speculative.ddtree_checks import check_budget, check_draft_shapes, check_draft_values
+from sglang.srt.speculative.ddtree_checks import (
+    check_budget,
+    check_draft_shapes,
+    check_draft_values,
+)
 
 
 @dataclass
@@ -73,12 +78,14 @@ def build_ddtree_tree_from_topk(
     return _pop_nodes(lp, ids, budget)
 
 
-def _pop_nodes(lp: list[list[float]], ids: list[list[int]], budget: int) -> DDTreeBuildResult:
-    """The heap loop itself; weights are Python floats (IEEE float64), formed root -> leaf."""
+def _pop_nodes(
+    lp: list[list[float]], ids: list[list[int]], budget: int
+) -> DDTreeBuildResult:
+    """The heap loop itself; weights are Python floats (IEEE float64), root -> leaf."""
     depth_limit, k = len(lp), len(lp[0])
     weights, parents, depths, ranks, tokens = [0.0], [-1], [0], [-1], []
     child_maps: list[dict[int, int]] = [{}]
-    # Entry: (-weight, rank tuple, parent node, weight); the rank tuple makes keys unique.
+    # Entry: (-weight, rank tuple, parent node, weight); rank tuples make keys unique.
     heap = [(-(0.0 + lp[0][0]), (0,), 0, 0.0 + lp[0][0])] if budget > 0 else []
     while heap and len(tokens) < budget:
         _, path, parent, weight = heapq.heappop(heap)

@@ -1,34 +1,42 @@
 """Verify a DDTree against the target: greedy and sampling (SGLang kernel semantics).
 
-Both verifies walk SGLang's retrieve arrays (see ``ddtree_retrieve``) from the root: at each
-level they scan the children of the last accepted node in sibling order and accept at most
-one. Layout (SGLang's, bs requests, N = budget + 1 slots, S = num_speculative_tokens =
-max draft depth + 1):
+Both verifies walk SGLang's retrieve arrays (see ``ddtree_retrieve``) from the root: at
+each level they scan the children of the last accepted node in sibling order and accept
+at most one. Layout (SGLang's, bs requests, N = budget + 1 slots,
+S = num_speculative_tokens = max draft depth + 1):
   candidates            int64   [bs, N]     token per slot (slot 0 = root)
   retrive_index         int64   [bs, N]     b * N + i
   retrive_next_token    int64   [bs, N]     first child, -1 = none
   retrive_next_sibling  int64   [bs, N]     next sibling, -1 = none
-  predicts              int32   [bs * N]    written at accepted slots only: the token that
-                                            follows that slot (next accepted draft token, or
-                                            the bonus token at the last accepted slot)
-  accept_index          int32   [bs, S]     global slots of the accepted path, root first;
-                                            unused entries keep their initial value (-1)
+  predicts              int32   [bs * N]    written at accepted slots only: the token
+                                            that follows that slot (next accepted
+                                            draft token, or the bonus token at the
+                                            last accepted slot)
+  accept_index          int32   [bs, S]     global slots of the accepted path, root
+                                            first; unused entries keep their initial
+                                            value (-1)
   accept_token_num      int32   [bs]        accepted draft tokens (root excluded)
-The tokens a step emits for request b are predicts[accept_index[b, :accept_token_num[b] + 1]]:
-the accepted draft tokens followed by the bonus token.
+The tokens a step emits for request b are
+predicts[accept_index[b, :accept_token_num[b] + 1]]: the accepted draft tokens followed
+by the bonus token.
 
 Sampling follows ``tree_speculative_sampling_target_only`` of SGLang 0.5.23
-(``sglang/kernels/jit/include/sgl_kernel/speculative/sampling.cuh``) step for step, with the
-same float32 arithmetic: one coin per accepted slot (uniform_samples[b, slot], the root's
-first), a running float32 sum of target probabilities over the siblings tried at a level,
-accept sibling c iff p(c) > 0 and (coin < sum / threshold_acc or p(c) >= threshold_single),
-copy a rejected sibling's target prob into draft_probs (mutated in place, as the kernel
-does), and finally draw the bonus token from relu(target - draft) of the last accepted slot
-with uniform_samples_for_final_sampling[b] (draft term zero when all S - 1 levels were
-accepted). The accept/reject walk is bit-exact against the kernel; the final draw uses
-torch's float32 sum/cumsum where the kernel uses block-parallel ones, so the two can differ
-only when u = coin * sum lands within float32 rounding of a cdf boundary. On CUDA, when
-SGLang's JIT kernel imports, ``ddtree_verify_sampling`` runs the kernel itself.
+(``sglang/kernels/jit/include/sgl_kernel/speculative/sampling.cuh``) step for step, with
+the same float32 arithmetic: one coin per accepted slot (uniform_samples[b, slot], the
+root's first), a running float32 sum of target probabilities over the siblings tried at
+a level, accept sibling c iff p(c) > 0 and (coin < sum / threshold_acc or p(c) >=
+threshold_single), copy a rejected sibling's target prob into draft_probs (mutated in
+place, as the kernel does), and finally draw the bonus token from relu(target - draft)
+of the last accepted slot with uniform_samples_for_final_sampling[b] (draft term zero
+when all S - 1 levels were accepted). The accept/reject walk is bit-exact against the
+kernel; the final draw uses torch's float32 sum/cumsum where the kernel uses
+block-parallel ones, so the two can differ only when u = coin * sum lands within float32
+rounding of a cdf boundary. On CUDA, when SGLang's JIT kernel imports,
+``ddtree_verify_sampling`` runs the kernel itself.
+
+Per step: the verify functions check shapes only and never read values back on CUDA
+(kernel or torch twin; the twins stop their walk early on CPU only, where a read is
+free), so they take no ``validate`` flag.
 """
 
 from __future__ import annotations
@@ -46,9 +54,9 @@ class DDTreeVerifyResult:
     """Outputs of one verify step; SGLang's three tensors plus the emitted tokens.
 
     predicts int32 [bs*N], accept_index int32 [bs, S], accept_token_num int32 [bs]
-    (SGLang layout, see the module docstring); emitted_tokens int64 [bs, S]: accepted draft
-    tokens then the bonus token, -1 padded; bonus_token int64 [bs]; accept_slots int64
-    [bs, S]: local slots of the accepted path (root 0 first), -1 padded.
+    (SGLang layout, see the module docstring); emitted_tokens int64 [bs, S]: accepted
+    draft tokens then the bonus token, -1 padded; bonus_token int64 [bs]; accept_slots
+    int64 [bs, S]: local slots of the accepted path (root 0 first), -1 padded.
     """
 
     predicts: torch.Tensor
@@ -59,15 +67,23 @@ class DDTreeVerifyResult:
     accept_slots: torch.Tensor
 
 
-def _check_verify_inputs(candidates: torch.Tensor, retrieve: DDTreeRetrieve, num_speculative_tokens: int) -> None:
+def _check_verify_inputs(
+    candidates: torch.Tensor, retrieve: DDTreeRetrieve, num_speculative_tokens: int
+) -> None:
     if not isinstance(candidates, torch.Tensor) or candidates.dim() != 2:
         raise ValueError("expected candidates of shape [bs, N]")
     for name in ("retrieve_index", "retrieve_next_token", "retrieve_next_sibling"):
         tensor = getattr(retrieve, name)
         if tensor.shape != candidates.shape:
-            raise ValueError(f"expected {name} of shape {tuple(candidates.shape)} (as candidates [bs, N]), got {tuple(tensor.shape)}")
+            raise ValueError(
+                f"expected {name} of shape {tuple(candidates.shape)} "
+                f"(as candidates [bs, N]), got {tuple(tensor.shape)}"
+            )
     if num_speculative_tokens < 1:
-        raise ValueError(f"expected num_speculative_tokens >= 1 (max depth + 1), got {num_speculative_tokens}")
+        raise ValueError(
+            "expected num_speculative_tokens >= 1 (max depth + 1), "
+            f"got {num_speculative_tokens}"
+        )
 
 
 def _alloc_outputs(bs: int, n: int, s: int, device: torch.device):
@@ -85,8 +101,12 @@ def _finish(predicts, accept_index, accept_token_num, n: int) -> DDTreeVerifyRes
     glob = accept_index.to(torch.int64)
     emitted = torch.where(used, predicts.to(torch.int64)[glob.clamp(min=0)], -1)
     bonus = emitted.gather(1, num[:, None])[:, 0]
-    slots = torch.where(used, glob - torch.arange(bs, device=glob.device)[:, None] * n, -1)
-    return DDTreeVerifyResult(predicts, accept_index, accept_token_num, emitted, bonus, slots)
+    slots = torch.where(
+        used, glob - torch.arange(bs, device=glob.device)[:, None] * n, -1
+    )
+    return DDTreeVerifyResult(
+        predicts, accept_index, accept_token_num, emitted, bonus, slots
+    )
 
 
 def verify_tree_greedy_torch(
@@ -101,8 +121,8 @@ def verify_tree_greedy_torch(
 ) -> None:
     """Torch twin of SGLang's ``verify_tree_greedy`` (same signature, outputs in place).
 
-    target_predict: int64 [bs, N], the target's argmax after each slot. Walks one slot visit
-    per iteration, N iterations, batched over requests, with no host reads.
+    target_predict: int64 [bs, N], the target's argmax after each slot. Walks one slot
+    visit per iteration, N iterations, batched over requests, with no host reads.
     """
     bs, n = candidates.shape
     s = accept_index.shape[1]
@@ -112,11 +132,16 @@ def verify_tree_greedy_torch(
     last = retrive_index[:, 0].to(torch.int64)
     accept_index[:, 0] = last.to(accept_index.dtype)
     num = torch.zeros(bs, dtype=torch.int64, device=dev)
-    cur = retrive_next_token[:, 0].to(torch.int64) if s > 1 else torch.full((bs,), -1, dtype=torch.int64, device=dev)
+    cur = (
+        retrive_next_token[:, 0].to(torch.int64)
+        if s > 1
+        else torch.full((bs,), -1, dtype=torch.int64, device=dev)
+    )
     path = torch.full((bs, s + 1), -1, dtype=torch.int64, device=dev)  # column s: dump
     for _ in range(n):
         active = cur >= 0
-        if not cur.is_cuda and not bool(active.any()):  # CPU: no device to sync, stop early
+        if not cur.is_cuda and not bool(active.any()):
+            # CPU: no device to sync, stop early.
             break
         safe = cur.clamp(min=0)
         match = active & (candidates[rows, safe].to(torch.int64) == target_flat[last])
@@ -124,18 +149,36 @@ def verify_tree_greedy_torch(
         path.scatter_(1, torch.where(match, num + 1, s)[:, None], glob[:, None])
         num = num + match.to(torch.int64)
         last = torch.where(match, glob, last)
-        descend = torch.where(num < s - 1, retrive_next_token[rows, safe].to(torch.int64), -1)
-        cur = torch.where(match, descend, torch.where(active, retrive_next_sibling[rows, safe].to(torch.int64), -1))
+        descend = torch.where(
+            num < s - 1, retrive_next_token[rows, safe].to(torch.int64), -1
+        )
+        cur = torch.where(
+            match,
+            descend,
+            torch.where(active, retrive_next_sibling[rows, safe].to(torch.int64), -1),
+        )
     cols = torch.arange(1, s, device=dev)[None, :]
     accepted = cols <= num[:, None]
-    accept_index[:, 1:] = torch.where(accepted, path[:, 1:s], accept_index[:, 1:].to(torch.int64)).to(accept_index.dtype)
+    accept_index[:, 1:] = torch.where(
+        accepted, path[:, 1:s], accept_index[:, 1:].to(torch.int64)
+    ).to(accept_index.dtype)
     # Greedy: the token after an accepted slot is the target argmax there.
-    _write_predicts(predicts, accept_index, num, target_flat[accept_index.to(torch.int64).clamp(min=0)])
+    _write_predicts(
+        predicts,
+        accept_index,
+        num,
+        target_flat[accept_index.to(torch.int64).clamp(min=0)],
+    )
     accept_token_num.copy_(num.to(accept_token_num.dtype))
 
 
-def _write_predicts(predicts: torch.Tensor, accept_index: torch.Tensor, num: torch.Tensor, values: torch.Tensor) -> None:
-    """predicts[accept_index[b, k]] = values[b, k] for k <= num[b]; others go to a dump slot."""
+def _write_predicts(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    num: torch.Tensor,
+    values: torch.Tensor,
+) -> None:
+    """predicts[accept_index[b, k]] = values[b, k] for k <= num[b] (others: a dump)."""
     bs, s = accept_index.shape
     used = torch.arange(s, device=num.device)[None, :] <= num[:, None]
     dump = predicts.numel()
@@ -161,20 +204,29 @@ def tree_speculative_sampling_target_only_torch(
     threshold_acc: float = 1.0,
     deterministic: bool = True,
 ) -> None:
-    """Torch twin of SGLang's ``tree_speculative_sampling_target_only`` (same signature).
+    """Torch twin of SGLang's ``tree_speculative_sampling_target_only`` (same args).
 
     uniform_samples float32 [bs, N]; uniform_samples_for_final_sampling float32 [bs];
-    target_probs, draft_probs float32 [bs, N, V] (draft_probs is mutated like the kernel's).
-    ``deterministic`` is accepted for signature parity; the torch path is always deterministic.
+    target_probs, draft_probs float32 [bs, N, V] (draft_probs is mutated like the
+    kernel's). ``deterministic`` is accepted for signature parity; the torch path is
+    always deterministic. Thresholds follow the kernel's host wrapper: both must lie in
+    [0, 1] (ValueError otherwise), and threshold_acc is clamped to
+    max(float32(threshold_acc), 1e-9f) before the division (threshold_acc = 0 acts as
+    1e-9: no inf or NaN from 0 / 0).
     """
+    _check_thresholds(threshold_single, threshold_acc)
     bs, n = candidates.shape
     s = accept_index.shape[1]
     vocab = target_probs.shape[-1]
     dev = candidates.device
     rows = torch.arange(bs, device=dev)
     f32 = torch.float32
-    thr_single = torch.tensor(threshold_single, dtype=f32, device=dev)
-    thr_acc = torch.tensor(threshold_acc, dtype=f32, device=dev)
+    # 0-dim device tensors (a Python scalar divisor would become a reciprocal multiply);
+    # torch.full fills on the device, no host-to-device copy (a sync on CUDA).
+    thr_single = torch.full((), float(threshold_single), dtype=f32, device=dev)
+    thr_acc = torch.full(
+        (), _clamped_threshold_acc(threshold_acc), dtype=f32, device=dev
+    )
     tp = target_probs.reshape(bs * n, vocab)
     dp = draft_probs.view(bs * n, vocab)
     coins = uniform_samples.reshape(bs * n).to(f32)
@@ -185,12 +237,17 @@ def tree_speculative_sampling_target_only_torch(
     coin = coins[prob_row]
     prob_acc = torch.zeros(bs, dtype=f32, device=dev)
     num = torch.zeros(bs, dtype=torch.int64, device=dev)
-    cur = retrive_next_token[:, 0].to(torch.int64) if s > 1 else torch.full((bs,), -1, dtype=torch.int64, device=dev)
+    cur = (
+        retrive_next_token[:, 0].to(torch.int64)
+        if s > 1
+        else torch.full((bs,), -1, dtype=torch.int64, device=dev)
+    )
     path = torch.full((bs, s + 1), -1, dtype=torch.int64, device=dev)
     tokens_out = torch.full((bs, s + 1), -1, dtype=torch.int64, device=dev)
     for _ in range(n):
         active = cur >= 0
-        if not cur.is_cuda and not bool(active.any()):  # CPU: no device to sync, stop early
+        if not cur.is_cuda and not bool(active.any()):
+            # CPU: no device to sync, stop early.
             break
         safe = cur.clamp(min=0)
         token = candidates[rows, safe].to(torch.int64)
@@ -198,8 +255,11 @@ def tree_speculative_sampling_target_only_torch(
         prob_acc = torch.where(active, prob_acc + p, prob_acc)
         accept = active & (p > 0) & ((coin < prob_acc / thr_acc) | (p >= thr_single))
         reject = active & ~accept
-        # A rejected sibling's target prob moves into draft_probs (the kernel's residual).
-        dp[prob_row, token] = torch.where(reject, tp[prob_row, token], dp[prob_row, token])
+        # A rejected sibling's target prob moves into draft_probs (the kernel's
+        # residual).
+        dp[prob_row, token] = torch.where(
+            reject, tp[prob_row, token], dp[prob_row, token]
+        )
         glob = retrive_index[rows, safe].to(torch.int64)
         col = torch.where(accept, num + 1, s)[:, None]
         path.scatter_(1, col, glob[:, None])
@@ -209,23 +269,57 @@ def tree_speculative_sampling_target_only_torch(
         prob_row = torch.where(accept, rows * n + safe, prob_row)
         coin = torch.where(accept, coins[rows * n + safe], coin)
         prob_acc = torch.where(accept, torch.zeros_like(prob_acc), prob_acc)
-        descend = torch.where(num < s - 1, retrive_next_token[rows, safe].to(torch.int64), -1)
-        cur = torch.where(accept, descend, torch.where(active, retrive_next_sibling[rows, safe].to(torch.int64), -1))
+        descend = torch.where(
+            num < s - 1, retrive_next_token[rows, safe].to(torch.int64), -1
+        )
+        cur = torch.where(
+            accept,
+            descend,
+            torch.where(active, retrive_next_sibling[rows, safe].to(torch.int64), -1),
+        )
 
-    bonus = _sample_residual(tp[prob_row], dp[prob_row], num < s - 1, uniform_samples_for_final_sampling.to(f32))
+    bonus = _sample_residual(
+        tp[prob_row],
+        dp[prob_row],
+        num < s - 1,
+        uniform_samples_for_final_sampling.to(f32),
+    )
     cols = torch.arange(1, s, device=dev)[None, :]
     accepted = cols <= num[:, None]
-    accept_index[:, 1:] = torch.where(accepted, path[:, 1:s], accept_index[:, 1:].to(torch.int64)).to(accept_index.dtype)
+    accept_index[:, 1:] = torch.where(
+        accepted, path[:, 1:s], accept_index[:, 1:].to(torch.int64)
+    ).to(accept_index.dtype)
     tokens_out.scatter_(1, num[:, None], bonus[:, None])
     _write_predicts(predicts, accept_index, num, tokens_out[:, :s])
     accept_token_num.copy_(num.to(accept_token_num.dtype))
 
 
-def _sample_residual(q: torch.Tensor, p: torch.Tensor, use_draft: torch.Tensor, coin: torch.Tensor) -> torch.Tensor:
-    """Kernel's final draw, batched: first index with relu(q - p) > 0 and cdf > coin * sum.
+def _check_thresholds(threshold_single: float, threshold_acc: float) -> None:
+    """The kernel host wrapper's range checks (``CHECK_HOST``, csrc sampling.cuh)."""
+    for name, value in (
+        ("threshold_single", threshold_single),
+        ("threshold_acc", threshold_acc),
+    ):
+        if not 0.0 <= float(value) <= 1.0:
+            raise ValueError(f"expected {name} in [0, 1], got {value}")
 
-    q, p float32 [bs, V]; use_draft bool [bs] (False: the draft term is zero); coin [bs].
-    Fallbacks as in the kernel: the last index with positive mass, else V - 1.
+
+def _clamped_threshold_acc(threshold_acc: float) -> float:
+    """max(threshold_acc, 1e-9): the divisor the kernel gets, once rounded to float32.
+
+    SGLang's host wrapper passes ``std::max(static_cast<float>(threshold_acc), 1e-9f)``;
+    rounding to float32 is monotone, so float32(max(x, 1e-9)) is the same value.
+    """
+    return max(float(threshold_acc), 1e-9)
+
+
+def _sample_residual(
+    q: torch.Tensor, p: torch.Tensor, use_draft: torch.Tensor, coin: torch.Tensor
+) -> torch.Tensor:
+    """Kernel's final draw, batched: first index with relu(q - p) > 0, cdf > coin * sum.
+
+    q, p float32 [bs, V]; use_draft bool [bs] (False: the draft term is zero); coin
+    [bs]. Fallbacks as in the kernel: the last index with positive mass, else V - 1.
     """
     vocab = q.shape[1]
     p = torch.where(use_draft[:, None], p, torch.zeros_like(p))
@@ -242,10 +336,12 @@ def _sample_residual(q: torch.Tensor, p: torch.Tensor, use_draft: torch.Tensor, 
 
 
 def _sglang_kernel(name: str):
-    """SGLang's JIT op ``name`` on CUDA, or None where it does not import (lazy by design)."""
+    """SGLang's JIT op ``name`` on CUDA, or None where it does not import (lazily)."""
     try:
         if name == "sampling":
-            from sglang.kernels.ops.speculative.sampling import tree_speculative_sampling_target_only as op
+            from sglang.kernels.ops.speculative.sampling import (
+                tree_speculative_sampling_target_only as op,
+            )
         else:
             from sglang.kernels.ops.speculative.tree import verify_tree_greedy as op
     except Exception:  # no SGLang, no JIT toolchain: the torch twin runs instead
@@ -260,19 +356,28 @@ def ddtree_verify_greedy(
     num_speculative_tokens: int,
     use_kernel: Optional[bool] = None,
 ) -> DDTreeVerifyResult:
-    """Greedy verify. candidates int64 [bs, N]; target_predict int64 [bs, N] (argmax per slot).
+    """Greedy verify: candidates int64 [bs, N], target_predict int64 [bs, N] (argmax).
 
-    num_speculative_tokens = max draft depth + 1 (accept_index width). use_kernel: None =
-    SGLang's kernel on CUDA when it imports, False = torch twin, True = kernel or raise.
+    num_speculative_tokens = max draft depth + 1 (accept_index width). use_kernel: None
+    = SGLang's kernel on CUDA when it imports, False = torch twin, True = kernel or
+    raise.
     """
     _check_verify_inputs(candidates, retrieve, num_speculative_tokens)
     if target_predict.shape != candidates.shape:
-        raise ValueError(f"expected target_predict of shape {tuple(candidates.shape)} ([bs, N]), got {tuple(target_predict.shape)}")
+        raise ValueError(
+            f"expected target_predict of shape {tuple(candidates.shape)} ([bs, N]), "
+            f"got {tuple(target_predict.shape)}"
+        )
     bs, n = candidates.shape
     outs = _alloc_outputs(bs, n, num_speculative_tokens, candidates.device)
     op = _pick(use_kernel, candidates, "greedy")
-    args = (candidates.to(torch.int64), retrieve.retrieve_index, retrieve.retrieve_next_token,
-            retrieve.retrieve_next_sibling, target_predict.to(torch.int64))
+    args = (
+        candidates.to(torch.int64),
+        retrieve.retrieve_index,
+        retrieve.retrieve_next_token,
+        retrieve.retrieve_next_sibling,
+        target_predict.to(torch.int64),
+    )
     if op is not None:
         op(*outs, *args)
     else:
@@ -294,28 +399,56 @@ def ddtree_verify_sampling(
 ) -> DDTreeVerifyResult:
     """Sampling verify. target_probs float32 [bs, N, V]; coins float32 [bs, N] and [bs].
 
-    draft_probs float32 [bs, N, V] defaults to zeros (SGLang's tree path); it is mutated.
-    Thresholds 1.0 with zero draft_probs make the emitted tokens distributed exactly as
-    sampling from the target (requires distinct sibling tokens).
+    draft_probs float32 [bs, N, V] defaults to zeros (SGLang's tree path); it is
+    mutated. Thresholds 1.0 with zero draft_probs make the emitted tokens distributed
+    exactly as sampling from the target (requires distinct sibling tokens). Thresholds
+    outside [0, 1] raise ValueError on either path (the kernel's host wrapper would
+    raise its own error); threshold_acc below 1e-9 acts as 1e-9, as in the wrapper.
     """
     _check_verify_inputs(candidates, retrieve, num_speculative_tokens)
+    _check_thresholds(threshold_single, threshold_acc)  # kernel or twin: ValueError
     bs, n = candidates.shape
     if target_probs.dim() != 3 or target_probs.shape[:2] != (bs, n):
-        raise ValueError(f"expected target_probs of shape [{bs}, {n}, V], got {tuple(target_probs.shape)}")
-    if uniform_samples.shape != (bs, n) or uniform_samples_for_final_sampling.shape != (bs,):
-        raise ValueError(f"expected uniform_samples [{bs}, {n}] and uniform_samples_for_final_sampling [{bs}]")
+        raise ValueError(
+            f"expected target_probs of shape [{bs}, {n}, V], "
+            f"got {tuple(target_probs.shape)}"
+        )
+    if uniform_samples.shape != (bs, n) or uniform_samples_for_final_sampling.shape != (
+        bs,
+    ):
+        raise ValueError(
+            f"expected uniform_samples [{bs}, {n}] and "
+            f"uniform_samples_for_final_sampling [{bs}]"
+        )
     target_probs = target_probs.to(torch.float32).contiguous()
     if draft_probs is None:
         draft_probs = torch.zeros_like(target_probs)
-    elif draft_probs.shape != target_probs.shape or draft_probs.dtype != torch.float32 or not draft_probs.is_contiguous():
-        raise ValueError(f"expected draft_probs contiguous float32 of shape {tuple(target_probs.shape)} (it is written in place)")
+    elif (
+        draft_probs.shape != target_probs.shape
+        or draft_probs.dtype != torch.float32
+        or not draft_probs.is_contiguous()
+    ):
+        raise ValueError(
+            "expected draft_probs contiguous float32 of shape "
+            f"{tuple(target_probs.shape)} (it is written in place)"
+        )
     outs = _alloc_outputs(bs, n, num_speculative_tokens, candidates.device)
     op = _pick(use_kernel, candidates, "sampling")
     fn = op if op is not None else tree_speculative_sampling_target_only_torch
-    fn(*outs, candidates.to(torch.int64), retrieve.retrieve_index, retrieve.retrieve_next_token,
-       retrieve.retrieve_next_sibling, uniform_samples.to(torch.float32).contiguous(),
-       uniform_samples_for_final_sampling.to(torch.float32).contiguous(), target_probs, draft_probs,
-       threshold_single, threshold_acc, True)
+    fn(
+        *outs,
+        candidates.to(torch.int64),
+        retrieve.retrieve_index,
+        retrieve.retrieve_next_token,
+        retrieve.retrieve_next_sibling,
+        uniform_samples.to(torch.float32).contiguous(),
+        uniform_samples_for_final_sampling.to(torch.float32).contiguous(),
+        target_probs,
+        draft_probs,
+        threshold_single,
+        threshold_acc,
+        True,
+    )
     return _finish(*outs, n)
 
 
@@ -324,5 +457,7 @@ def _pick(use_kernel: Optional[bool], like: torch.Tensor, name: str):
         return None
     op = _sglang_kernel(name) if like.is_cuda else None
     if op is None and use_kernel:
-        raise ValueError(f"use_kernel=True needs CUDA tensors and SGLang's {name} verify kernel")
+        raise ValueError(
+            f"use_kernel=True needs CUDA tensors and SGLang's {name} verify kernel"
+        )
     return op
