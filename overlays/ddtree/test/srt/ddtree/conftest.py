@@ -1,10 +1,11 @@
-"""Import the DDTree modules of the tree under test, without running SGLang's package init.
+"""Import the DDTree modules of the tree under test without SGLang's package init.
 
-Tree root: $DDTREE_SGLANG_ROOT, else three directories above this file (``overlays/ddtree``
-in this repository, the checkout root inside a patched SGLang tree). When an installed
-``sglang`` already resolves to ``<root>/python/sglang`` it is imported for real; otherwise
-``sglang``, ``sglang.srt`` and ``sglang.srt.speculative`` are registered as bare package
-shells whose ``__path__`` points into ``<root>/python`` (no code of their own), so
+Tree root: $DDTREE_SGLANG_ROOT, else three directories above this file
+(``overlays/ddtree`` in this repository, the checkout root inside a patched SGLang
+tree). When an installed ``sglang`` already resolves to ``<root>/python/sglang`` it
+is imported for real; otherwise ``sglang``, ``sglang.srt`` and
+``sglang.srt.speculative`` are registered as bare package shells whose ``__path__``
+points into ``<root>/python`` (no code of their own), so
 ``import sglang.srt.speculative.ddtree_*`` loads exactly the files of that tree.
 """
 
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-TREE_ROOT = Path(os.environ.get("DDTREE_SGLANG_ROOT") or Path(__file__).resolve().parents[3]).resolve()
+TREE_ROOT = Path(
+    os.environ.get("DDTREE_SGLANG_ROOT") or Path(__file__).resolve().parents[3]
+).resolve()
 _PACKAGES = ("sglang", "sglang.srt", "sglang.srt.speculative")
 
 
@@ -43,7 +46,9 @@ def _register_package_shells() -> None:
             module.__package__ = name
             sys.modules[name] = module
         elif path not in list(getattr(module, "__path__", [])):
-            raise RuntimeError(f"{name} is already imported from elsewhere; cannot test {TREE_ROOT}")
+            raise RuntimeError(
+                f"{name} is already imported from elsewhere; cannot test {TREE_ROOT}"
+            )
         parent, _, child = name.rpartition(".")
         if parent:
             setattr(sys.modules[parent], child, module)

@@ -114,7 +114,9 @@ def test_attention_backends_must_apply_the_verify_mask():
 
 
 def _req(**params):
-    sampling = SimpleNamespace(json_schema=None, regex=None, ebnf=None, structural_tag=None)
+    sampling = SimpleNamespace(
+        json_schema=None, regex=None, ebnf=None, structural_tag=None
+    )
     for key, value in params.items():
         setattr(sampling, key, value)
     return SimpleNamespace(

@@ -51,7 +51,13 @@ def _children(parents, node):
 
 @pytest.mark.parametrize(
     "bs,depth,k,budget,extra",
-    [(1, 3, 2, 5, 0), (3, 3, 2, 2, 2), (4, 5, 3, 12, 0), (2, 2, 1, 6, 0), (3, 4, 4, 9, 3)],
+    [
+        (1, 3, 2, 5, 0),
+        (3, 3, 2, 2, 2),
+        (4, 5, 3, 12, 0),
+        (2, 2, 1, 6, 0),
+        (3, 4, 4, 9, 3),
+    ],
 )
 def test_verify_step_matches_heap_tree_positions_mask(bs, depth, k, budget, extra):
     gen = torch.Generator().manual_seed(bs * 100 + budget)
@@ -91,7 +97,7 @@ def test_verify_step_matches_heap_tree_positions_mask(bs, depth, k, budget, extr
 
 
 def _walk(tokens, parents, follow, max_accept):
-    """Reference walk: from the root, take the first child whose token is follow[cur]."""
+    """Reference walk: from the root, the first child whose token is follow[cur]."""
     path = [0]
     while len(path) - 1 < max_accept:
         cur = path[-1]
@@ -133,7 +139,9 @@ def test_accept_greedy_and_commit_match_reference_walk(seed):
         toks = step.tokens[b].tolist()
         path = _walk(toks, parents[b], target[b].tolist(), depth)
         assert int(accept.accept_len[b]) == len(path) - 1
-        assert accept.accept_index[b, : len(path)].tolist() == [b * width + p for p in path]
+        assert accept.accept_index[b, : len(path)].tolist() == [
+            b * width + p for p in path
+        ]
         emitted = [toks[p] for p in path[1:]] + [int(target[b, path[-1]])]
         assert out_tokens[b, : len(path)].tolist() == emitted
         assert int(commit_lens[b]) == len(path) and int(bonus[b]) == emitted[-1]
@@ -172,8 +180,14 @@ def test_commit_outputs_rejects_an_accept_wider_than_the_block():
 def test_build_verify_step_rejects_a_width_below_the_tree():
     log_probs, ids = _random_draft(torch.Generator().manual_seed(0), 1, 2, 2, 10)
     with pytest.raises(ValueError, match="width >= budget \\+ 1 = 5"):
-        build_verify_step(log_probs, ids, torch.zeros(1, dtype=torch.int64),
-                          torch.ones(1, dtype=torch.int64), 4, 3)
+        build_verify_step(
+            log_probs,
+            ids,
+            torch.zeros(1, dtype=torch.int64),
+            torch.ones(1, dtype=torch.int64),
+            4,
+            3,
+        )
 
 
 def test_dense_sampling_threshold_is_bs_times_width_times_vocab():

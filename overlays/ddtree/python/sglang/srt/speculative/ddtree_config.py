@@ -55,7 +55,9 @@ def resolve_ddtree_server_args(cfg: Any) -> dict[str, int]:
         return {}
     _check_positive("--speculative-dflash-tree-budget", budget)
     if cfg.speculative_dflash_tree_topk is not None:
-        _check_positive("--speculative-dflash-tree-topk", cfg.speculative_dflash_tree_topk)
+        _check_positive(
+            "--speculative-dflash-tree-topk", cfg.speculative_dflash_tree_topk
+        )
     if cfg.speculative_draft_window_size is not None:
         raise ValueError(
             "DDTree does not support --speculative-draft-window-size yet (the "
@@ -69,7 +71,8 @@ def resolve_ddtree_server_args(cfg: Any) -> dict[str, int]:
     block_size = int(cfg.speculative_num_draft_tokens)
     if block_size < 2:
         raise ValueError(
-            f"DDTree needs a DFlash block size >= 2 (one draft depth), got {block_size}."
+            "DDTree needs a DFlash block size >= 2 (one draft depth), "
+            f"got {block_size}."
         )
     return {
         "speculative_dflash_block_size": block_size,
@@ -178,5 +181,7 @@ def ddtree_request_error(req: Any) -> Optional[str]:
     if req.return_logprob:
         return "DDTree speculative decoding does not support return_logprob yet."
     if getattr(req, "custom_logit_processor", None) is not None:
-        return "DDTree speculative decoding does not support custom logit processors yet."
+        return (
+            "DDTree speculative decoding does not support custom logit processors yet."
+        )
     return None

@@ -120,7 +120,9 @@ def build_verify_step(
         )
         tokens = _fill_padding(tree.tokens, root_tokens)
         return DDTreeVerifyStep(tokens, verify.positions, verify.tree_mask, retrieve)
-    tree = build_ddtree_batched(log_probs, token_ids, budget, root_tokens, validate=False)
+    tree = build_ddtree_batched(
+        log_probs, token_ids, budget, root_tokens, validate=False
+    )
     pad = width - (budget + 1)
     parents = torch.nn.functional.pad(tree.parents, (0, pad), value=-1)
     depths = torch.nn.functional.pad(tree.depths, (0, pad), value=-1)
@@ -224,7 +226,9 @@ def commit_outputs(
     """
     bs, s = accept.accept_index.shape
     if s > block_size:
-        raise ValueError(f"expected accept_index [bs, <= {block_size}], got [{bs}, {s}]")
+        raise ValueError(
+            f"expected accept_index [bs, <= {block_size}], got [{bs}, {s}]"
+        )
     slots = accept.accept_index.to(torch.int64).clamp(min=0)
     emitted = accept.predicts.to(torch.int64)[slots]
     num = accept.accept_len.to(torch.int64)

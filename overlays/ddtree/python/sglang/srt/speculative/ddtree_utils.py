@@ -1,10 +1,11 @@
 """DDTree for SGLang's DFlash worker: one import for the whole verify-side API.
 
-The DFlash worker calls ``prepare_ddtree_verify`` once per decode step: from the drafter's
-top-K log-probs it builds every request's draft tree and the tensors SGLang's tree verify
-needs (positions, retrieve arrays, FULL_MASK). On CUDA, where the DDTree JIT kernel is
-available, this is one fused launch; elsewhere the exact torch path composes the batched
-builder and the retrieve compiler. Both give identical tensors (see ddtree_kernel).
+``prepare_ddtree_verify`` is called once per decode step (``ddtree_step``): from
+the drafter's top-K log-probs it builds every request's draft tree and the tensors
+SGLang's tree verify needs (positions, retrieve arrays, FULL_MASK). On CUDA, where
+the DDTree JIT kernel is available, this is one fused launch; elsewhere the exact
+torch path composes the batched builder and the retrieve compiler. Both give
+identical tensors (see ddtree_kernel).
 
 Only torch and the sibling ddtree modules are imported here.
 """
@@ -23,7 +24,11 @@ from sglang.srt.speculative.ddtree_checks import (
     check_int_vector,
     check_root_tokens,
 )
-from sglang.srt.speculative.ddtree_kernel import DDTreeVerifyTensors, build_tree_and_verify_cuda, supports
+from sglang.srt.speculative.ddtree_kernel import (
+    DDTreeVerifyTensors,
+    build_tree_and_verify_cuda,
+    supports,
+)
 from sglang.srt.speculative.ddtree_retrieve import (
     DDTreeRetrieve,
     compile_ddtree_retrieve,
@@ -32,7 +37,10 @@ from sglang.srt.speculative.ddtree_retrieve import (
     ddtree_positions,
 )
 from sglang.srt.speculative.ddtree_topk import ddtree_shard_topk, merge_ddtree_topk
-from sglang.srt.speculative.ddtree_tree import DDTreeBuildResult, build_ddtree_tree_from_topk
+from sglang.srt.speculative.ddtree_tree import (
+    DDTreeBuildResult,
+    build_ddtree_tree_from_topk,
+)
 from sglang.srt.speculative.ddtree_verify import (
     DDTreeVerifyResult,
     ddtree_verify_greedy,
@@ -61,7 +69,7 @@ __all__ = [
 
 
 def resolve_tree_topk(budget: int, topk: Optional[int], vocab_size: int) -> int:
-    """The draft top-K per depth: --speculative-dflash-tree-topk, else min(budget, vocab)."""
+    """Draft top-K per depth: the tree-topk flag, else min(budget, vocab)."""
     if budget <= 0:
         raise ValueError(f"expected a positive DDTree budget, got {budget}")
     if vocab_size <= 0:
@@ -96,9 +104,16 @@ def prepare_ddtree_verify(
         check_draft_values(log_probs, token_ids)
     if supports(log_probs, budget):  # CUDA with the JIT kernel: one fused launch
         return build_tree_and_verify_cuda(
-            log_probs, token_ids, budget, root_tokens, prefix_lens, prefix_lens_sum=prefix_lens_sum
+            log_probs,
+            token_ids,
+            budget,
+            root_tokens,
+            prefix_lens,
+            prefix_lens_sum=prefix_lens_sum,
         )
-    tree = build_ddtree_batched(log_probs, token_ids, budget, root_tokens, validate=False)
+    tree = build_ddtree_batched(
+        log_probs, token_ids, budget, root_tokens, validate=False
+    )
     retrieve = compile_ddtree_retrieve(tree.parents, tree.node_logws, validate=validate)
     prefix_lens = prefix_lens.to(device=log_probs.device, dtype=torch.int64)
     verify = DDTreeVerifyTensors(
@@ -106,6 +121,8 @@ def prepare_ddtree_verify(
         retrieve_index=retrieve.retrieve_index,
         retrieve_next_token=retrieve.retrieve_next_token,
         retrieve_next_sibling=retrieve.retrieve_next_sibling,
-        tree_mask=ddtree_full_mask(tree.parents, prefix_lens, prefix_lens_sum, validate=validate),
+        tree_mask=ddtree_full_mask(
+            tree.parents, prefix_lens, prefix_lens_sum, validate=validate
+        ),
     )
     return tree, verify
