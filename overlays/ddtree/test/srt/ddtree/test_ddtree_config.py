@@ -55,7 +55,6 @@ def test_no_budget_declares_nothing():
             {"speculative_dflash_tree_budget": None, "speculative_dflash_tree_topk": 2},
             "tree-topk requires --speculative-dflash-tree-budget",
         ),
-        ({"speculative_draft_window_size": 64}, "draft-window-size"),
         ({"speculative_use_block_verification": True}, "block-verification"),
         ({"speculative_num_draft_tokens": 1}, "block size >= 2"),
     ],

@@ -58,11 +58,6 @@ def resolve_ddtree_server_args(cfg: Any) -> dict[str, int]:
         _check_positive(
             "--speculative-dflash-tree-topk", cfg.speculative_dflash_tree_topk
         )
-    if cfg.speculative_draft_window_size is not None:
-        raise ValueError(
-            "DDTree does not support --speculative-draft-window-size yet (the "
-            "compact draft cache rebuild assumes a linear verify window)."
-        )
     if cfg.speculative_use_block_verification:
         raise ValueError(
             "DDTree does not support --speculative-use-block-verification (it "

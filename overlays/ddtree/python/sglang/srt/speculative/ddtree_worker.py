@@ -125,6 +125,19 @@ class DDTreeVerifier:
             return graph_head.outputs(bs)
         return self.eager_head.propose(draft_hidden)
 
+    def prefix_lens_bound(self, batch: Any, draft_input: Any) -> int:
+        """A host upper bound on sum(prefix_lens), from host state only.
+
+        The scheduler's host lengths may lag the device ones by one step's
+        commit (at most block_size tokens per request) under overlap.
+        """
+        if batch.seq_lens_cpu is not None:
+            lag = len(batch.seq_lens_cpu) * self.config.block_size
+            return int(batch.seq_lens_cpu.sum()) + lag
+        if draft_input.nxt_kv_lens_cpu is not None:
+            return int(draft_input.nxt_kv_lens_sum)
+        return sum(int(req.kv.kv_allocated_len) for req in batch.reqs)
+
     def build_step(
         self,
         draft: tuple[torch.Tensor, torch.Tensor],
