@@ -12,7 +12,11 @@ sglang) it
   3. runs the sampling verify (and the greedy one) through SGLang's real kernel and through the
      torch twin with the same coins: exact equality of predicts / accept_index / accept_token_num,
   4. prints a timing table: torch batched builder on the GPU vs the kernel,
-     bs in {1, 16, 64} x budget in {16, 64, 256}.
+     bs in {1, 16, 64} x budget in {16, 64, 256},
+  5. with --serve, serves the overlay's tiny models in real SGLang servers on this GPU:
+     greedy DDTree (CUDA graphs on and off) equals plain decoding, the sampling verify runs
+     SGLang's kernel, accept length and step time DDTree vs linear DFlash
+     (scripts/gpu_serve_check.py; needs SGLang's runtime packages in this python).
 Exit status: 0 all checks passed; 1 a check failed or could not run; 2 no GPU / no patched tree.
 """
 
@@ -197,6 +201,9 @@ def main() -> int:
                         help="patched SGLang checkout (its python/ is imported)")
     parser.add_argument("--batches", type=int, default=2000, help="random batches for the exactness check")
     parser.add_argument("--sampling-trials", type=int, default=300, help="verify trials (kernel vs torch)")
+    parser.add_argument("--serve", action="store_true",
+                        help="also serve tiny models with DDTree in a real SGLang server (gpu_serve_check.py)")
+    parser.add_argument("--serve-logs", type=Path, default=Path("gpu-serve-logs"))
     args = parser.parse_args()
     try:
         import torch
@@ -214,6 +221,13 @@ def main() -> int:
     check_exactness(torch, mods, args.batches)
     verified = check_verify(torch, mods, args.sampling_trials)
     print(timing_table(torch, mods))
+    if args.serve:
+        from gpu_serve_check import serving_check
+
+        served, table = serving_check(Path(args.sglang_root), args.serve_logs, log)
+        print(table)
+        if not served:
+            fail("the serving check failed (see above and the logs in --serve-logs)")
     if not verified:
         fail("incomplete: the sampling verify comparison did not run (see above)")
     return 0

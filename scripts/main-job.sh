@@ -12,3 +12,8 @@ set -x
 ddeploy push --host local --build
 ddeploy test --remote --host local
 ddeploy status --host local
+# Serve for real on the local host: the patched checkout's SGLang on CPU (the overlay's test
+# harness supplies the CPU stand-ins), tiny models, linear DFlash vs DDTree, answers printed.
+checkout=$(ddeploy hosts --json | python -c \
+  'import json, sys; print(next(h["checkout"] for h in json.load(sys.stdin) if h["name"] == "local"))')
+python bench/bench_serving.py --root "$checkout" --budgets 192 --requests 4 --new-tokens 32 --show

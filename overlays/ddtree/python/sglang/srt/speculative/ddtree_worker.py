@@ -196,7 +196,7 @@ class DDTreeVerifier:
         s = self.config.num_speculative_tokens
         vocab = logits.shape[-1]
         if use_dense_sampling(bs, width, vocab):
-            self._log_path_once("dense tree speculative sampling")
+            self._log_path_once(f"dense tree speculative sampling ({_impl(logits)})")
             probs = build_speculative_verify_target_probs(
                 next_token_logits=logits,
                 sampling_info=sampling_info,
@@ -291,6 +291,15 @@ def _draft_kind(worker: Any) -> str:
     if getattr(worker, "lilicorr", None) is not None:
         return "LiLiCorr"
     return "dflash"
+
+
+def _impl(like: torch.Tensor) -> str:
+    """Which sampling verify runs for tensors like ``like`` (ddtree_verify's pick)."""
+    from sglang.srt.speculative.ddtree_verify import _sglang_kernel
+
+    if like.is_cuda and _sglang_kernel("sampling") is not None:
+        return "SGLang kernel"
+    return "torch twin"
 
 
 def _all_greedy(sampling_info: Any) -> bool:
