@@ -18,10 +18,17 @@ import pytest
 import torch
 
 from cpu_engine.cpu_tree import STUB_DIR
-from cpu_engine.fixtures import cpu_sglang_python, server_log_dir, tiny_models  # noqa: F401
+from cpu_engine.fixtures import (  # noqa: F401  (pytest fixtures)
+    cpu_sglang_python,
+    server_log_dir,
+    tiny_models,
+)
 from cpu_engine.server import launch_server
 
-HF_PROMPTS = ([1, 5, 9, 33, 12], [1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 40, 41, 42, 43, 17])
+HF_PROMPTS = (
+    [1, 5, 9, 33, 12],
+    [1, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 40, 41, 42, 43, 17],
+)
 HF_NEW_TOKENS = 40
 # Different prompt lengths, so verify sees different prefixes in one batch.
 BATCH_PROMPTS = (
@@ -63,7 +70,9 @@ def dflash_server(plain_outputs, cpu_sglang_python, tiny_models, server_log_dir)
 def test_plain_server_greedy_equals_hugging_face(plain_outputs, tiny_models):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_models.target, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_models.target, dtype=torch.float32
+    )
     model.eval()
     for prompt, response in zip(HF_PROMPTS, plain_outputs["hf"]):
         with torch.no_grad():
@@ -249,7 +258,10 @@ def test_verify_tree_greedy(impl, seed, index_dtype):
 
 def test_copy_all_layer_kv_cache(impl):
     g = torch.Generator().manual_seed(0)
-    layers = [torch.randn(16, 2, 8, generator=g), torch.randn(16, 3, generator=g).half()]
+    layers = [
+        torch.randn(16, 2, 8, generator=g),
+        torch.randn(16, 3, generator=g).half(),
+    ]
     before = [x.clone() for x in layers]
     # Overlapping moves (a swap and a chain): every source is read before any write.
     src, tgt = torch.tensor([1, 2, 5, 6]), torch.tensor([2, 1, 6, 9])

@@ -130,7 +130,8 @@ CHANGES: tuple[Change, ...] = (
     Change(
         "choices: torch_native draft attention backend",
         _CHOICES,
-        '    "trtllm_mha",\n    "intel_xpu",\n]\n\nDETERMINISTIC_ATTENTION_BACKEND_CHOICES',
+        '    "trtllm_mha",\n    "intel_xpu",\n]\n\n'
+        "DETERMINISTIC_ATTENTION_BACKEND_CHOICES",
         '    "trtllm_mha",\n    "intel_xpu",\n'
         '    "torch_native",  # test-only CPU engine change\n'
         "]\n\nDETERMINISTIC_ATTENTION_BACKEND_CHOICES",
@@ -184,9 +185,11 @@ CHANGES: tuple[Change, ...] = (
         "model_runner: float32 input_embeds for float32 models",
         _MODEL_RUNNER,
         '            kwargs["input_embeds"] = forward_batch.input_embeds.bfloat16()\n',
-        "            # Test-only CPU change: a float32 DFlash draft needs float32 embeds.\n"
+        "            # Test-only CPU change: a float32 DFlash draft needs float32"
+        " embeds.\n"
         '            kwargs["input_embeds"] = forward_batch.input_embeds.to(\n'
-        "                torch.float32 if self.dtype == torch.float32 else torch.bfloat16\n"
+        "                torch.float32 if self.dtype == torch.float32"
+        " else torch.bfloat16\n"
         "            )\n",
     ),
 )

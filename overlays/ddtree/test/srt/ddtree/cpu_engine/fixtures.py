@@ -80,7 +80,8 @@ def _hunks_in_order(overlay: Path) -> list[Path]:
         import yaml
 
         spec = yaml.safe_load((overlay / "concerns.yaml").read_text())
-        listed = [overlay / h for c in spec.get("concerns", []) for h in c.get("hunks") or []]
+        concerns = spec.get("concerns", [])
+        listed = [overlay / h for c in concerns for h in c.get("hunks") or []]
     except (ImportError, OSError):
         listed = []
     rest = sorted(p for p in (overlay / "hunks").glob("*.patch") if p not in listed)

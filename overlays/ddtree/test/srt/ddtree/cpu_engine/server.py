@@ -213,6 +213,10 @@ def server_env(python_dir: Path, env: Mapping[str, str] | None = None) -> dict:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
+        # Stopping the group looks like a child crash to the server, which would
+        # then sleep 5 s for py-spy and CUDA core dumps before it exits.
+        "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+        "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
     })
     child.update(env or {})
     return child

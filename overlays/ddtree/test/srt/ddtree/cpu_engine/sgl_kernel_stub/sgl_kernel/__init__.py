@@ -94,7 +94,8 @@ __all__ = sorted(_SCHEMAS)
 def _import_only(name: str, importer: str):
     def unavailable(*args, **kwargs):
         raise NotImplementedError(
-            f"sgl_kernel stub: {name} is not implemented (only imported by {importer}); "
+            f"sgl_kernel stub: {name} is not implemented (only imported by "
+            f"{importer}); "
             "add it to the test stub if this path needs it"
         )
 

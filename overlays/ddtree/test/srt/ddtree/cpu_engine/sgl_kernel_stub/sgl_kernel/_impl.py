@@ -66,9 +66,8 @@ def assign_req_to_token_pool_cpu(
     starts = start_offset.tolist()
     ends = end_offset.tolist()
     for i, row in enumerate(rows):
-        req_to_token[row, starts[i]:ends[i]] = out_cache_loc[offsets[i]:offsets[i + 1]].to(
-            torch.int32
-        )
+        locs = out_cache_loc[offsets[i]:offsets[i + 1]]
+        req_to_token[row, starts[i]:ends[i]] = locs.to(torch.int32)
 
 
 def assign_extend_cache_locs_cpu(
@@ -120,7 +119,8 @@ def assign_draft_cache_locs_contiguous_cpu(
     width = topk * num_steps
     assert out_cache_loc.numel() == req_pool_indices.numel() * width
     for i, (row, start) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
-        out_cache_loc[i * width:(i + 1) * width] = req_to_token[row, start:start + width]
+        locs = req_to_token[row, start:start + width]
+        out_cache_loc[i * width:(i + 1) * width] = locs
 
 
 def fill_bonus_tokens_cpu(
