@@ -9,6 +9,7 @@ sgl_kernel ops are checked against reference loops without a server.
 from __future__ import annotations
 
 import importlib.util
+import os
 import random
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from cpu_engine.fixtures import (  # noqa: F401  (pytest fixtures)
     server_log_dir,
     tiny_models,
 )
-from cpu_engine.server import launch_server
+from cpu_engine.server import launch_server, server_env
 
 HF_PROMPTS = (
     [1, 5, 9, 33, 12],
@@ -107,6 +108,17 @@ def test_dflash_server_info_reports_speculation(dflash_server, tiny_models):
     assert info["speculative_algorithm"] == "DFLASH"
     state = info["internal_states"][0]
     assert state["speculative_num_draft_tokens"] == tiny_models.block_size
+
+
+@pytest.mark.slow
+def test_torch_native_target_verify_attention(cpu_sglang_python):
+    """The test-only TARGET_VERIFY attention of the CPU tree against dense attention,
+    with FULL_MASK tree masks, causal and ENCODER_ONLY layers (a child process: the
+    tree's sglang is imported there, not in this one)."""
+    script = Path(__file__).parent / "cpu_engine" / "verify_attention_check.py"
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=server_env(cpu_sglang_python), timeout=600)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
 
 
 # --- the sgl_kernel stand-in, without a server ---------------------------------------
@@ -307,6 +319,4 @@ def test_stub_package_interface():
 
 
 def _base_env() -> dict:
-    import os
-
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
