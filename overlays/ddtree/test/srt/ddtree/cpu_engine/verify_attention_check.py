@@ -98,7 +98,9 @@ def run_case(seed: int, mode: str, save_kv_cache: bool) -> None:
     backend = TorchNativeAttnBackend.__new__(TorchNativeAttnBackend)
     backend.token_to_kv_pool = _Pool(k_buf, v_buf)
     backend.req_to_token_pool = SimpleNamespace(req_to_token=req_to_token)
-    attn_type = AttentionType.ENCODER_ONLY if mode == "encoder" else AttentionType.DECODER
+    attn_type = AttentionType.DECODER
+    if mode == "encoder":
+        attn_type = AttentionType.ENCODER_ONLY
     layer = SimpleNamespace(
         layer_id=0, tp_q_head_num=HEADS, tp_k_head_num=KV_HEADS, tp_v_head_num=KV_HEADS,
         scaling=HEAD_DIM**-0.5, attn_type=attn_type, sliding_window_size=-1,
