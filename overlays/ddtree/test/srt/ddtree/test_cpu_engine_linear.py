@@ -2,8 +2,10 @@
 
 One plain server, then one DFLASH server (never both at once): the plain server's
 greedy output must equal Hugging Face ``generate`` token for token, and the DFLASH
-server's must equal the plain server's for 1-4 concurrent requests. The stand-in
-sgl_kernel ops are checked against reference loops without a server.
+server's must equal the plain server's for 1-4 concurrent requests. Before them: a
+refused argument ends start-up with its reason, and the CPU tree's TARGET_VERIFY
+attention equals dense attention. The stand-in sgl_kernel ops are checked against
+reference loops without a server.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from cpu_engine.fixtures import (  # noqa: F401  (pytest fixtures)
     server_log_dir,
     tiny_models,
 )
-from cpu_engine.server import launch_server, server_env
+from cpu_engine.server import launch_server, server_env, start_expect_failure
 
 HF_PROMPTS = (
     [1, 5, 9, 33, 12],
@@ -68,6 +70,31 @@ def dflash_server(plain_outputs, cpu_sglang_python, tiny_models, server_log_dir)
 
 
 @pytest.mark.slow
+def test_a_refused_argument_fails_start_up_with_the_reason(
+    cpu_sglang_python, tiny_models, server_log_dir
+):
+    # Before the servers (pytest keeps file order): never two SGLang processes.
+    tail = start_expect_failure(
+        cpu_sglang_python, tiny_models.target, ("--speculative-algorithm", "DFLASH"),
+        log_path=server_log_dir / "refused.log",
+    )
+    reason = ("DFLASH speculative decoding requires setting "
+              "--speculative-draft-model-path")
+    assert reason in tail
+
+
+@pytest.mark.slow
+def test_torch_native_target_verify_attention(cpu_sglang_python):
+    """The test-only TARGET_VERIFY attention of the CPU tree against dense attention,
+    with FULL_MASK tree masks, causal and ENCODER_ONLY layers (a child process: the
+    tree's sglang is imported there, not in this one)."""
+    script = Path(__file__).parent / "cpu_engine" / "verify_attention_check.py"
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=server_env(cpu_sglang_python), timeout=600)
+    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
+
+
+@pytest.mark.slow
 def test_plain_server_greedy_equals_hugging_face(plain_outputs, tiny_models):
     from transformers import AutoModelForCausalLM
 
@@ -108,17 +135,6 @@ def test_dflash_server_info_reports_speculation(dflash_server, tiny_models):
     assert info["speculative_algorithm"] == "DFLASH"
     state = info["internal_states"][0]
     assert state["speculative_num_draft_tokens"] == tiny_models.block_size
-
-
-@pytest.mark.slow
-def test_torch_native_target_verify_attention(cpu_sglang_python):
-    """The test-only TARGET_VERIFY attention of the CPU tree against dense attention,
-    with FULL_MASK tree masks, causal and ENCODER_ONLY layers (a child process: the
-    tree's sglang is imported there, not in this one)."""
-    script = Path(__file__).parent / "cpu_engine" / "verify_attention_check.py"
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          env=server_env(cpu_sglang_python), timeout=600)
-    assert proc.returncode == 0 and proc.stdout.startswith("ok"), proc.stderr[-3000:]
 
 
 # --- the sgl_kernel stand-in, without a server ---------------------------------------

@@ -210,6 +210,8 @@ def server_env(python_dir: Path, env: Mapping[str, str] | None = None) -> dict:
         "PYTHONPATH": os.pathsep.join(paths),
         # Without it SGLang's is_cpu() is false (and RoPE imports vLLM).
         "SGLANG_USE_CPU_ENGINE": "1",
+        # On a GPU host too: no CUDA device, so no CUDA code path is taken.
+        "CUDA_VISIBLE_DEVICES": "",
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
