@@ -16,6 +16,8 @@ few running requests (start-up allocates them).
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import json
 import os
 import signal
@@ -56,6 +58,27 @@ REQUEST_KEYS = frozenset({
 })
 
 
+# Servers not yet stopped: stopped at interpreter exit if a test run ends abruptly.
+_LIVE: set["Server"] = set()
+
+
+def _stop_all_at_exit() -> None:
+    for server in list(_LIVE):
+        server.stop()
+
+
+atexit.register(_stop_all_at_exit)
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: SIGTERM the server if the test process dies (Linux
+    PR_SET_PDEATHSIG), so a killed pytest leaves no server behind."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+
+
 class StartupError(RuntimeError):
     """The server exited or never became healthy during start-up."""
 
@@ -93,7 +116,7 @@ def _http(method: str, url: str, payload: Any = None, timeout: float = 600) -> A
     return json.loads(body) if body else None
 
 
-@dataclass
+@dataclass(eq=False)  # identity hash: kept in _LIVE
 class Server:
     """A running test server (context manager: ``with launch_server(...) as s``)."""
 
@@ -160,6 +183,7 @@ class Server:
     def stop(self, grace: float = 20.0) -> None:
         """Terminate the whole process group (the server and its scheduler and
         detokenizer children); SIGKILL whatever is left after ``grace`` s."""
+        _LIVE.discard(self)
         pgid = self.process.pid  # start_new_session: the group id is the pid
         _signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace
@@ -256,9 +280,11 @@ def launch_server(
         process = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=server_env(python_dir, env), start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
     server = Server(url=f"http://127.0.0.1:{port}", process=process,
                     log_path=log_path, command=command)
+    _LIVE.add(server)
     try:
         _wait_healthy(server, timeout)
     except BaseException:
