@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cpu_engine.cpu_tree import STUB_DIR
+from cpu_engine.cpu_tree import STUB_DIR, Change, CpuTreeError, apply_change
 from cpu_engine.fixtures import (  # noqa: F401  (pytest fixtures)
     cpu_sglang_python,
     server_log_dir,
@@ -135,6 +135,27 @@ def test_dflash_server_info_reports_speculation(dflash_server, tiny_models):
     assert info["speculative_algorithm"] == "DFLASH"
     state = info["internal_states"][0]
     assert state["speculative_num_draft_tokens"] == tiny_models.block_size
+
+
+# --- the CPU tree's snippet changes ---------------------------------------------------
+
+
+def test_a_change_must_match_exactly_once(tmp_path):
+    (tmp_path / "m.py").write_text("a = 1\na = 1\n")
+    twice = Change("twice", "m.py", "a = 1\n", "a = 2\n")
+    with pytest.raises(CpuTreeError, match=r"m.py: change 'twice' .* found 2 times"):
+        apply_change(tmp_path, twice)
+    with pytest.raises(CpuTreeError, match="found 0 times"):
+        apply_change(tmp_path, Change("absent", "m.py", "b = 1\n", "b = 2\n"))
+    with pytest.raises(CpuTreeError, match="n.py: missing"):
+        apply_change(tmp_path, Change("no file", "n.py", "a", "b"))
+    # Optional: skipped without the file, strict with it.
+    apply_change(tmp_path, Change("opt", "n.py", "a", "b", optional=True))
+    with pytest.raises(CpuTreeError, match="found 2 times"):
+        apply_change(tmp_path, Change("opt", "m.py", "a = 1\n", "", optional=True))
+    (tmp_path / "m.py").write_text("a = 1\n")
+    apply_change(tmp_path, Change("once", "m.py", "a = 1\n", "a = 2\n"))
+    assert (tmp_path / "m.py").read_text() == "a = 2\n"
 
 
 # --- the sgl_kernel stand-in, without a server ---------------------------------------

@@ -11,7 +11,10 @@ path there. :func:`prepare_cpu_tree` copies a ``python/`` directory (the one hol
 4. ``speculative/dflash_worker_v2.py``: ``record_stream`` only on device tensors;
 5. ``models/dflash.py``: the Triton ``table_qk_norm_rope_`` only for CUDA tensors;
 6. ``model_executor/model_runner.py``: keep float32 ``input_embeds`` for float32
-   models (stock casts them to bf16, which a float32 DFlash draft cannot take).
+   models (stock casts them to bf16, which a float32 DFlash draft cannot take);
+7. ``speculative/ddtree_config.py`` (only where DDTree is wired, i.e. the file
+   exists): let DDTree accept ``TorchNativeAttnBackend`` as a target backend that
+   applies the tree mask in TARGET_VERIFY, which it does after change 3.
 
 Each change is an exact-snippet replacement that must match exactly once; otherwise
 :class:`CpuTreeError` names the file and the change. Snippets are short and local so
@@ -46,6 +49,7 @@ class Change:
     path: str  # relative to the python/ directory
     old: str
     new: str
+    optional: bool = False  # skipped when the file is absent (not when it differs)
 
 
 _SPEC_HOOK = "sglang/srt/arg_groups/speculative_hook.py"
@@ -54,6 +58,7 @@ _TORCH_NATIVE = "sglang/srt/layers/attention/torch_native_backend.py"
 _DFLASH_WORKER = "sglang/srt/speculative/dflash_worker_v2.py"
 _DFLASH_MODEL = "sglang/srt/models/dflash.py"
 _MODEL_RUNNER = "sglang/srt/model_executor/model_runner.py"
+_DDTREE_CONFIG = "sglang/srt/speculative/ddtree_config.py"
 
 # The TARGET_VERIFY attention for the torch_native backend (change 3). Why a loop:
 # requests have different prefix lengths and the tests batch at most four.
@@ -192,6 +197,16 @@ CHANGES: tuple[Change, ...] = (
         " else torch.bfloat16\n"
         "            )\n",
     ),
+    Change(
+        "ddtree_config: torch_native applies the tree mask (after change 3)",
+        _DDTREE_CONFIG,
+        'DDTREE_MASK_BACKENDS = frozenset({"TritonAttnBackend", '
+        '"FlashInferAttnBackend"})\n',
+        "DDTREE_MASK_BACKENDS = frozenset(\n"
+        '    {"TritonAttnBackend", "FlashInferAttnBackend", "TorchNativeAttnBackend"}\n'
+        ")  # test-only CPU change: torch_native's verify path applies the mask\n",
+        optional=True,
+    ),
 )
 
 
@@ -199,6 +214,8 @@ def apply_change(python_dir: Path, change: Change) -> None:
     """Apply one change in place; :class:`CpuTreeError` unless it matches once."""
     path = python_dir / change.path
     if not path.is_file():
+        if change.optional:
+            return
         raise CpuTreeError(f"{change.path}: missing (change {change.name!r})")
     text = path.read_text()
     count = text.count(change.old)
