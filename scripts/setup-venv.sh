@@ -2,7 +2,10 @@
 # Create (or refresh) the project virtualenv at $VENV (default: .venv).
 #   light (default): the deploy tool + torch CPU for the overlay tests.
 #   full  (--full):  also SGLang 0.5.23's runtime packages, so SGLang's own JIT loader and
-#                    kernels import on this machine (what the test hosts' python needs).
+#                    kernels import on this machine (what the test hosts' python needs),
+#                    and what `sglang.launch_server` imports, for the overlay's CPU
+#                    engine tests. SGLang itself is not installed: test servers run a
+#                    source tree via PYTHONPATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -14,7 +17,8 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
-stamp="$VENV/.ddeploy-$MODE-$(sha256sum scripts/setup-venv.sh pyproject.toml | sha256sum | cut -c1-12)"
+inputs=(scripts/setup-venv.sh scripts/constraints-full.txt pyproject.toml)
+stamp="$VENV/.ddeploy-$MODE-$(sha256sum "${inputs[@]}" | sha256sum | cut -c1-12)"
 if [[ -e "$stamp" ]]; then
   echo "setup-venv: $VENV is up to date ($MODE)"; exit 0
 fi
@@ -22,11 +26,17 @@ fi
 if [[ "$MODE" == full ]]; then
   # torch 2.14.1 is what SGLang 0.5.23 pins; torchvision 0.29.1 is the build that imports beside it.
   "${PIP[@]}" torch==2.14.1 torchvision==0.29.1
+  # The constraint keeps every later install from replacing torch (SGLang pins it).
+  PIP+=(-c scripts/constraints-full.txt)
   "${PIP[@]}" numpy orjson psutil pybase64 requests triton pillow starlette msgspec pydantic \
     pyzmq tqdm ipython aiohttp apache-tvm-ffi==0.1.11 transformers==5.19.0 dill \
     sentencepiece==0.2.1 compressed-tensors==0.18.0 gguf openai==2.8.0 partial-json-parser \
     einops ninja fastapi uvicorn uvloop setproctitle python-multipart interegular \
     prometheus-client xxhash msgpack
+  # The rest of what a CPU `sglang.launch_server` (plain and DFLASH) imports.
+  "${PIP[@]}" xgrammar==0.2.7 tiktoken regex scipy zstandard nvidia-ml-py packaging \
+    "python-dateutil<3" tokenizers==0.23.2 watchfiles openai-harmony==0.0.4 \
+    jsonschema soundfile
 else
   "${PIP[@]}" torch==2.13.0
 fi

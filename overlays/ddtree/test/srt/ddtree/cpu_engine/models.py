@@ -1,0 +1,260 @@
+"""Tiny random target and DFlash draft checkpoints for the CPU engine tests.
+
+Nothing can be downloaded on the test machines, so both models are written locally in
+about a second: a 2-layer ``LlamaForCausalLM`` (hidden 64, 4 heads, 2 KV heads,
+head_dim 16) with a ``tokenizers`` WordLevel tokenizer, and a 1-layer
+``DFlashDraftModel`` checkpoint written by hand (SGLang's ``models/dflash.py`` weight
+names; it has no embedding or LM head of its own and borrows the target's).
+
+Two kinds (``kind``):
+
+* ``"random"``: random weights with a wider spread than Hugging Face's default (std
+  0.2, not 0.02) so the logits are far apart and greedy decoding does not flip on
+  float rounding between SGLang and Hugging Face. The draft is random too: it
+  accepts almost nothing (accept length ~1.0), the outputs test exactness.
+* ``"alternating"``: hand-set weights that make acceptance measurable. Embeddings
+  are one-hot (hidden = vocab), the target's attention and MLP outputs are tiny, so
+  the target is a bigram table read off ``lm_head``: every token is followed by
+  :data:`ALT_X`, ``X`` by :data:`ALT_Y` and ``Y`` by ``X`` (greedy output: X Y X Y
+  ...). The draft's attention and MLP outputs are zero, so at every block position
+  it predicts the mask token's ``lm_head`` column: the same distribution at every
+  depth, ``X`` slightly above ``Y`` (:func:`alternating_draft_probs`). Linear
+  DFLASH drafts ``X X X``: after ``Y`` it accepts one draft (``X``, then ``Y`` is
+  the bonus), after ``X`` none, so from the second verify on each verify commits
+  two tokens (accept length -> 2.0 for any block size >= 2). A draft tree with the
+  top two tokens per depth and a budget that reaches ``X Y X ...`` accepts the
+  whole block (accept length -> block size).
+
+Requests that need a fixed number of tokens pass ``ignore_eos`` (SGLang) or
+``eos_token_id=None`` (Hugging Face).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+_SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE = 64, 4, 2, 16, 128
+TARGET_LAYERS, DRAFT_LAYERS = 2, 1
+MAX_POSITIONS = 2048
+INIT_STD = 0.2
+# DFlash: the draft reads the target's hidden states after these layers.
+DRAFT_TARGET_LAYER_IDS = (0,)
+KINDS = ("random", "alternating")
+# The "alternating" kind: the two tokens the target alternates between, and the
+# draft's logits for them (every other token: 0) after the RMSNorm of a one-hot
+# embedding (x / rms(x) = sqrt(hidden) on the hot dimension).
+ALT_X, ALT_Y = 10, 11
+ALT_DRAFT_LOGITS = (4.1, 4.0)
+ALT_TARGET_LOGIT = 8.0
+ALT_TARGET_NOISE = 1e-4
+
+
+@dataclass(frozen=True)
+class TinyModels:
+    """Paths of the written checkpoints; both directories hold the tokenizer."""
+
+    target: Path
+    draft: Path
+    vocab: int
+    block_size: int
+    kind: str = "random"
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    try:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                "float16": torch.float16}[dtype]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {dtype!r}") from None
+
+
+def write_tokenizer(path: Path, vocab: int) -> None:
+    """A WordLevel tokenizer over ``<pad> <s> </s> <unk> t4 ... t{vocab-1}``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {w: i for i, w in enumerate(_SPECIALS)}
+    words.update({f"t{i}": i for i in range(len(_SPECIALS), vocab)})
+    tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+        unk_token="<unk>",
+    )
+    fast.save_pretrained(str(path))
+
+
+def _write_target(path: Path, vocab: int, seed: int, dtype: str, kind: str) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+        num_hidden_layers=TARGET_LAYERS, num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POSITIONS, initializer_range=INIT_STD,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+        if kind == "alternating":
+            _make_alternating_target(model, vocab)
+    model.to(_torch_dtype(dtype)).save_pretrained(str(path))
+
+
+def _one_hot_embeddings(vocab: int) -> torch.Tensor:
+    """[vocab, HIDDEN]: token t is e_t (RMSNorm maps it to sqrt(HIDDEN) * e_t)."""
+    if vocab > HIDDEN:
+        raise ValueError(f'kind "alternating" needs vocab <= {HIDDEN}')
+    return torch.eye(vocab, HIDDEN)
+
+
+def alternating_lm_head(vocab: int) -> torch.Tensor:
+    """The "alternating" target's lm_head [vocab, HIDDEN]: column t, times
+    sqrt(HIDDEN), is the logits after token t (a bigram table)."""
+    scale = HIDDEN**-0.5
+    head = torch.zeros(vocab, HIDDEN)  # head[u, t]: logit of u after t, / sqrt(H)
+    head[ALT_X, :vocab] = ALT_TARGET_LOGIT * scale  # every token (Y too) -> X
+    head[ALT_X, ALT_X] = 0.0
+    head[ALT_Y, ALT_X] = ALT_TARGET_LOGIT * scale  # except X -> Y
+    # After the mask token: what the draft predicts at every block position.
+    head[ALT_X, UNK_ID] = ALT_DRAFT_LOGITS[0] * scale
+    head[ALT_Y, UNK_ID] = ALT_DRAFT_LOGITS[1] * scale
+    return head
+
+
+def alternating_draft_probs(vocab: int = 64) -> torch.Tensor:
+    """[vocab] float32: the "alternating" draft's distribution at every depth."""
+    logits = torch.zeros(vocab)
+    logits[ALT_X], logits[ALT_Y] = ALT_DRAFT_LOGITS
+    return logits.softmax(-1)
+
+
+def _make_alternating_target(model, vocab: int) -> None:
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(_one_hot_embeddings(vocab))
+        model.lm_head.weight.copy_(alternating_lm_head(vocab))
+        for layer in model.model.layers:
+            # Tiny, not zero: the layers still run (and feed the draft), but their
+            # output cannot move an argmax decided by a margin of ALT_TARGET_LOGIT.
+            for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                proj.weight.mul_(ALT_TARGET_NOISE / INIT_STD)
+
+
+def draft_config(vocab: int, dtype: str, block_size: int) -> dict:
+    """The DFlash draft's config.json (a qwen3 text config plus the DFlash keys)."""
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "vocab_size": vocab,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_hidden_layers": DRAFT_LAYERS,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POSITIONS,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "dtype": dtype,
+        "torch_dtype": dtype,
+        "pad_token_id": PAD_ID,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "block_size": block_size,
+        "num_target_layers": TARGET_LAYERS,
+        "dflash_config": {
+            "mask_token_id": UNK_ID,
+            "target_layer_ids": list(DRAFT_TARGET_LAYER_IDS),
+        },
+    }
+
+
+def draft_weight_shapes() -> dict[str, tuple[int, ...]]:
+    """Checkpoint names and shapes, as ``DFlashDraftModel.load_weights`` reads them
+    (q/k/v and gate/up are stacked by the loader; ``fc`` maps the concatenated
+    target features, one per target layer id, to the hidden size)."""
+    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    shapes: dict[str, tuple[int, ...]] = {}
+    for i in range(DRAFT_LAYERS):
+        p = f"layers.{i}."
+        shapes.update({
+            p + "self_attn.q_proj.weight": (q, HIDDEN),
+            p + "self_attn.k_proj.weight": (kv, HIDDEN),
+            p + "self_attn.v_proj.weight": (kv, HIDDEN),
+            p + "self_attn.o_proj.weight": (HIDDEN, q),
+            p + "self_attn.q_norm.weight": (HEAD_DIM,),
+            p + "self_attn.k_norm.weight": (HEAD_DIM,),
+            p + "mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN),
+            p + "mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
+            p + "mlp.down_proj.weight": (HIDDEN, INTERMEDIATE),
+            p + "input_layernorm.weight": (HIDDEN,),
+            p + "post_attention_layernorm.weight": (HIDDEN,),
+        })
+    shapes["norm.weight"] = (HIDDEN,)
+    shapes["hidden_norm.weight"] = (HIDDEN,)
+    shapes["fc.weight"] = (HIDDEN, len(DRAFT_TARGET_LAYER_IDS) * HIDDEN)
+    return shapes
+
+
+def _write_draft(
+    path: Path, vocab: int, seed: int, dtype: str, block_size: int, kind: str
+) -> None:
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    # A separate stream from the target's, so changing one never moves the other.
+    gen = torch.Generator().manual_seed(seed + 1_000_003)
+    tensors = {}
+    for name, shape in draft_weight_shapes().items():
+        if len(shape) == 1:  # RMSNorm weights: ones, as a trained norm starts
+            t = torch.ones(shape)
+        elif kind == "alternating" and name.endswith(("o_proj.weight",
+                                                        "down_proj.weight")):
+            # No attention or MLP output: each position's hidden state is its input
+            # embedding, so every masked position predicts the mask token's column.
+            t = torch.zeros(shape)
+        else:
+            t = torch.randn(shape, generator=gen) * INIT_STD
+        tensors[name] = t.to(_torch_dtype(dtype)).contiguous()
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    config = draft_config(vocab, dtype, block_size)
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def make_tiny_models(
+    root: Path,
+    vocab: int = 64,
+    seed: int = 0,
+    dtype: str = "float32",
+    block_size: int = 4,
+    kind: str = "random",
+) -> TinyModels:
+    """Write ``root/target`` and ``root/draft`` (deterministic for ``seed``).
+
+    vocab: at least 16 (four specials, then ``t4`` ...; at most 64 for
+    "alternating"); block_size: the DFlash verify width (the draft's ``block_size``,
+    picked up by SGLang); kind: see the module docstring.
+    """
+    if vocab < 16:
+        raise ValueError("vocab must be at least 16")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    root = Path(root)
+    target, draft = root / "target", root / "draft"
+    _write_target(target, vocab, seed, dtype, kind)
+    write_tokenizer(target, vocab)
+    _write_draft(draft, vocab, seed, dtype, block_size, kind)
+    write_tokenizer(draft, vocab)
+    return TinyModels(target=target, draft=draft, vocab=vocab, block_size=block_size,
+                      kind=kind)

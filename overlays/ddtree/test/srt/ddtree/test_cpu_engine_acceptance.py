@@ -1,0 +1,66 @@
+"""Acceptance on the CPU engine: linear DFLASH on the "alternating" tiny models.
+
+The target alternates X Y X Y ...; the draft predicts X (then Y) at every depth (see
+``cpu_engine.models``), so linear DFLASH commits exactly two tokens per verify: a
+fixed, known accept length that DDTree's must beat on the same models.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cpu_engine.fixtures import cpu_sglang_python, server_log_dir  # noqa: F401
+from cpu_engine.models import (
+    ALT_X,
+    ALT_Y,
+    alternating_draft_probs,
+    make_tiny_models,
+)
+from cpu_engine.server import launch_server
+
+PROMPTS = ([1, 5, 9, 33, 12], [1, 7, 8, 9, 20, 21, 22, 23, 24, 25, 26])
+NEW_TOKENS = 64
+
+
+def _alternation(n: int) -> list[int]:
+    return [ALT_X if i % 2 == 0 else ALT_Y for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def alt_models(tmp_path_factory):
+    return make_tiny_models(tmp_path_factory.mktemp("alt-models"), kind="alternating")
+
+
+def test_alternating_models_behave_as_documented(alt_models):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(alt_models.target, dtype=torch.float32)
+    for prompt in PROMPTS:
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=16,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert out[0, len(prompt):].tolist() == _alternation(16)
+    probs = alternating_draft_probs(alt_models.vocab)
+    assert probs.topk(2).indices.tolist() == [ALT_X, ALT_Y]
+
+
+@pytest.mark.slow
+def test_linear_dflash_accepts_one_draft_per_verify(
+    cpu_sglang_python, alt_models, server_log_dir
+):
+    args = ("--speculative-algorithm", "DFLASH",
+            "--speculative-draft-model-path", str(alt_models.draft),
+            "--speculative-draft-attention-backend", "torch_native")
+    with launch_server(cpu_sglang_python, alt_models.target, args,
+                       log_path=server_log_dir / "dflash-alternating.log") as server:
+        responses = server.generate_batch(PROMPTS, NEW_TOKENS)
+    for r in responses:
+        meta = r["meta_info"]
+        assert r["output_ids"] == _alternation(NEW_TOKENS)
+        # The prefill yields X, the first verify (after X) only the bonus Y, every
+        # later one X and the bonus Y.
+        assert meta["spec_verify_ct"] == NEW_TOKENS // 2
+        assert meta["spec_accept_length"] == pytest.approx(2.0)
+        hist = meta["spec_correct_drafts_histogram"]
+        assert hist[:2] == [1, NEW_TOKENS // 2 - 1] and not any(hist[2:])
