@@ -61,3 +61,12 @@ if not _installed_sglang_is_this_tree():
 @pytest.fixture(scope="session")
 def tree_root() -> Path:
     return TREE_ROOT
+
+
+# The CPU engine's fixtures, defined here so every module shares one session-scoped
+# scratch tree (imported into each module, each would build its own).
+from cpu_engine.fixtures import (  # noqa: E402,F401
+    cpu_sglang_python,
+    server_log_dir,
+    tiny_models,
+)

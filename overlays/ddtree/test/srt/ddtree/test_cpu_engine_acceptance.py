@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cpu_engine.fixtures import cpu_sglang_python, server_log_dir  # noqa: F401
 from cpu_engine.models import (
     ALT_X,
     ALT_Y,

@@ -21,11 +21,6 @@ import pytest
 import torch
 
 from cpu_engine.cpu_tree import STUB_DIR, Change, CpuTreeError, apply_change
-from cpu_engine.fixtures import (  # noqa: F401  (pytest fixtures)
-    cpu_sglang_python,
-    server_log_dir,
-    tiny_models,
-)
 from cpu_engine.server import launch_server, server_env, start_expect_failure
 
 HF_PROMPTS = (

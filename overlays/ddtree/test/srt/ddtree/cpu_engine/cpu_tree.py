@@ -33,6 +33,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 STUB_DIR = Path(__file__).resolve().parent / "sgl_kernel_stub"
 
@@ -59,6 +60,7 @@ _DFLASH_WORKER = "sglang/srt/speculative/dflash_worker_v2.py"
 _DFLASH_MODEL = "sglang/srt/models/dflash.py"
 _MODEL_RUNNER = "sglang/srt/model_executor/model_runner.py"
 _DDTREE_CONFIG = "sglang/srt/speculative/ddtree_config.py"
+DDTREE_TORCH_NATIVE = "ddtree_config: torch_native applies the tree mask (change 3)"
 
 # The TARGET_VERIFY attention for the torch_native backend (change 3). Why a loop:
 # requests have different prefix lengths and the tests batch at most four.
@@ -198,7 +200,7 @@ CHANGES: tuple[Change, ...] = (
         "            )\n",
     ),
     Change(
-        "ddtree_config: torch_native applies the tree mask (after change 3)",
+        DDTREE_TORCH_NATIVE,
         _DDTREE_CONFIG,
         'DDTREE_MASK_BACKENDS = frozenset({"TritonAttnBackend", '
         '"FlashInferAttnBackend"})\n',
@@ -234,11 +236,16 @@ def stub_dir_for(python_dir: Path) -> Path:
     return beside if (beside / "sgl_kernel" / "__init__.py").is_file() else STUB_DIR
 
 
-def prepare_cpu_tree(src_python: Path, dest: Path) -> Path:
+def prepare_cpu_tree(
+    src_python: Path, dest: Path, skip: Sequence[str] = ()
+) -> Path:
     """Copy ``src_python`` (a dir holding ``sglang/``) to ``dest/python``, apply
-    :data:`CHANGES` and put the sgl_kernel stand-in at ``dest/sgl_kernel_stub``.
+    :data:`CHANGES` (but those named in ``skip``) and put the sgl_kernel stand-in
+    at ``dest/sgl_kernel_stub``.
 
-    ``dest`` must not exist or be empty. Returns ``dest/python``.
+    ``dest`` must not exist or be empty. Returns ``dest/python``. Skipping
+    :data:`DDTREE_TORCH_NATIVE` leaves DDTree's released backend policy, which
+    refuses torch_native (the refusal tests start such a server).
     """
     src_python, dest = Path(src_python), Path(dest)
     if not (src_python / "sglang" / "__init__.py").is_file():
@@ -249,7 +256,8 @@ def prepare_cpu_tree(src_python: Path, dest: Path) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(src_python / "sglang", python_dir / "sglang", ignore=ignore)
     for change in CHANGES:
-        apply_change(python_dir, change)
+        if change.name not in skip:
+            apply_change(python_dir, change)
     shutil.copytree(STUB_DIR / "sgl_kernel", dest / "sgl_kernel_stub" / "sgl_kernel",
                     ignore=ignore)
     return python_dir

@@ -1,0 +1,145 @@
+"""What DDTree cannot serve is refused clearly, on a real SGLang 0.5.23 server (CPU).
+
+Start-up: each refused configuration makes ``sglang.launch_server`` exit with its
+own message. Per request: a request the tree verify cannot serve gets its error
+while another request on the same server is served.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from cpu_engine.cpu_tree import DDTREE_TORCH_NATIVE, prepare_cpu_tree
+from cpu_engine.fixtures import sglang_source_python, tree_root
+from cpu_engine.server import launch_server, start_expect_failure
+
+pytestmark = pytest.mark.slow
+
+
+def _ddtree(models, *extra):
+    return [
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-draft-model-path",
+        str(models.draft),
+        "--speculative-draft-attention-backend",
+        "torch_native",
+        *extra,
+    ]
+
+
+REFUSED = {
+    "topk-above-vocab": (
+        (
+            "--speculative-dflash-tree-budget",
+            "8",
+            "--speculative-dflash-tree-topk",
+            "65",
+        ),
+        "--speculative-dflash-tree-topk 65 exceeds the target vocabulary size 64",
+    ),
+    "topk-without-budget": (
+        ("--speculative-dflash-tree-topk", "2"),
+        "--speculative-dflash-tree-topk requires --speculative-dflash-tree-budget",
+    ),
+    "zero-budget": (
+        ("--speculative-dflash-tree-budget", "0"),
+        "DDTree requires --speculative-dflash-tree-budget to be positive, got 0",
+    ),
+    "pipeline-parallel": (
+        ("--speculative-dflash-tree-budget", "8", "--pp-size", "2"),
+        "only supports pp_size == 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_refused_configuration_fails_at_start_up_with_its_message(
+    cpu_sglang_python, tiny_models, server_log_dir, name
+):
+    extra, message = REFUSED[name]
+    log = server_log_dir / f"refused-{name}.log"
+    tail = start_expect_failure(
+        cpu_sglang_python, tiny_models.target, _ddtree(tiny_models, *extra), log
+    )
+    assert message in tail, tail
+
+
+def test_released_backend_policy_refuses_a_backend_without_a_verify_mask(
+    tiny_models, server_log_dir
+):
+    """The CPU tree minus the harness's torch_native allowance: the released
+    policy, under which torch_native does not apply the tree mask."""
+    work = server_log_dir / "strict"
+    source = sglang_source_python(tree_root(), work)
+    strict = prepare_cpu_tree(source, work / "cpu-tree", skip=[DDTREE_TORCH_NATIVE])
+    args = _ddtree(tiny_models, "--speculative-dflash-tree-budget", "8")
+    log = server_log_dir / "refused-torch-native.log"
+    tail = start_expect_failure(strict, tiny_models.target, args, log)
+    assert (
+        "DDTree needs a target attention backend that applies a custom mask in "
+        "TARGET_VERIFY; TorchNativeAttnBackend does not for this model" in tail
+    ), tail
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        url + "/generate",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=600) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"{}")
+
+
+REFUSED_REQUESTS = {
+    "return_logprob": ({"return_logprob": True}, "does not support return_logprob"),
+    "regex": ({"sampling_params": {"regex": "t4+"}}, "does not support constrained"),
+}
+
+
+@pytest.fixture(scope="module")
+def ddtree_server(cpu_sglang_python, tiny_models, server_log_dir):
+    args = _ddtree(tiny_models, "--speculative-dflash-tree-budget", "8")
+    log = server_log_dir / "refusals-ddtree.log"
+    with launch_server(cpu_sglang_python, tiny_models.target, args, log) as server:
+        yield server
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_REQUESTS))
+def test_refused_request_gets_its_error_while_another_is_served(ddtree_server, name):
+    extra, message = REFUSED_REQUESTS[name]
+    sampling = {"max_new_tokens": 48, "temperature": 0.0, "ignore_eos": True}
+    good = {"input_ids": list(range(5, 20)), "sampling_params": sampling}
+    bad = {"input_ids": [7, 8, 9], "sampling_params": dict(sampling), **extra}
+    bad["sampling_params"].update(extra.get("sampling_params", {}))
+    results = {}
+
+    def send(key, body):
+        results[key] = _post(ddtree_server.url, body)
+
+    threads = [
+        threading.Thread(target=send, args=item)
+        for item in (("good", good), ("bad", bad))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=600)
+    status, reply = results["good"]
+    assert status == 200 and len(reply["output_ids"]) == 48
+    status, reply = results["bad"]
+    assert message in json.dumps(reply), (status, reply)
+    # The server still serves after the refusal.
+    assert (
+        _post(ddtree_server.url, good)[1]["output_ids"]
+        == results["good"][1]["output_ids"]
+    )
