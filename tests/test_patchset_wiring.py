@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -40,6 +41,10 @@ def test_wiring_hunk_adds_the_tree_args_with_validation(tmp_path, pristine_base)
     work = clone_base(tmp_path / "sglang", source=pristine_base.path)
     git(work, "apply", "--check", str(REAL_WIRING_HUNK))
     git(work, "apply", str(REAL_WIRING_HUNK))
+    # The hunks call the wiring concern's modules (ddtree_config and friends).
+    overlay_modules = REAL_WIRING_HUNK.parents[1] / "python/sglang/srt/speculative"
+    for module in overlay_modules.glob("ddtree_*.py"):
+        shutil.copy(module, work / "python/sglang/srt/speculative" / module.name)
     env = {**os.environ, "PYTHONPATH": str(work / "python"), "PYTHONDONTWRITEBYTECODE": "1"}
     proc = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
