@@ -242,14 +242,15 @@ def make_tiny_models(
 ) -> TinyModels:
     """Write ``root/target`` and ``root/draft`` (deterministic for ``seed``).
 
-    vocab: at least 16 (four specials, then ``t4`` ...; at most 64 for
+    vocab: at least 8 (four specials, then ``t4`` ...; 16 to 64 for
     "alternating"); block_size: the DFlash verify width (the draft's ``block_size``,
     picked up by SGLang); kind: see the module docstring.
     """
-    if vocab < 16:
-        raise ValueError("vocab must be at least 16")
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    least = 16 if kind == "alternating" else 8
+    if vocab < least:
+        raise ValueError(f"vocab must be at least {least} for kind {kind!r}")
     root = Path(root)
     target, draft = root / "target", root / "draft"
     _write_target(target, vocab, seed, dtype, kind)
