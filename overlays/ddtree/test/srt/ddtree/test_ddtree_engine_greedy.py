@@ -39,9 +39,13 @@ DDTREE = [
     ("at-depth-k1", 3, 1),
     ("vocab-k-default", 192, None),
 ]
-# And the compact draft cache (a sliding draft window shorter than the prompts
-# plus their outputs), which rebuilds the draft's KV view every step.
-WINDOWED = ("window-8", 8, None, ("--speculative-draft-window-size", "8"))
+# And two serving modes with their own KV bookkeeping: the compact draft cache (a
+# sliding draft window shorter than prompt plus output, rebuilt every step) and
+# KV pages of 4 tokens (the accepted path's KV moves across page boundaries).
+EXTRA = [
+    ("window-8", 8, None, ("--speculative-draft-window-size", "8")),
+    ("paged-4", 8, None, ("--page-size", "4")),
+]
 # "Clearly above": the wide tree holds most depth-1 tokens, so most steps accept
 # a draft token (about 1.8 tokens per step here); a random linear draft almost
 # never does (about 1.03).
@@ -91,8 +95,8 @@ def runs(cpu_sglang_python, tiny_models, server_log_dir) -> dict[str, Run]:
     configs = {"plain": [], "linear": _spec_args(tiny_models)}
     for name, budget, topk in DDTREE:
         configs[name] = _spec_args(tiny_models, budget, topk)
-    name, budget, topk, extra = WINDOWED
-    configs[name] = _spec_args(tiny_models, budget, topk) + list(extra)
+    for name, budget, topk, extra in EXTRA:
+        configs[name] = _spec_args(tiny_models, budget, topk) + list(extra)
     records = {}
     for name, args in configs.items():
         log = server_log_dir / f"greedy-{name}.log"
@@ -101,7 +105,7 @@ def runs(cpu_sglang_python, tiny_models, server_log_dir) -> dict[str, Run]:
     return records
 
 
-@pytest.mark.parametrize("name", [name for name, _, _ in DDTREE] + [WINDOWED[0]])
+@pytest.mark.parametrize("name", [name for name, *_ in DDTREE + EXTRA])
 @pytest.mark.parametrize("batch", BATCHES)
 def test_ddtree_greedy_equals_plain_decoding(runs, name, batch):
     plain, tree = runs["plain"].outputs[batch], runs[name].outputs[batch]
