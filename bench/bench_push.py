@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from sshd_hosts import SshdFleet, build_test_patch_sets  # noqa: E402
 
-from deployer.output import table  # noqa: E402
+from deployer.cli.output import table  # noqa: E402
 
 
 def push(fleet: SshdFleet, names: list[str], version: str, parallel: int) -> tuple[float, list[dict]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from deployer.launch import build_cache_dir
+from deployer.ops.launch import build_cache_dir
 
 pytestmark = pytest.mark.sshd
 
@@ -146,14 +146,18 @@ def stat_mode(path: Path) -> int:
     return path.stat().st_mode & 0o777
 
 
+def _applied(version: str) -> dict:
+    return {"name": "ddtree", "version": version, "fingerprint": "f", "head": "h"}
+
+
 def test_the_jit_cache_comes_from_a_good_build_of_the_applied_version():
     good = {"ok": True, "cache_dir": "/c/new", "version": "0.2.0", "at": "t2"}
     old = {"cache_dir": "/c/old", "version": "0.1.0", "at": "t1"}
-    state = {"applied": {"version": "0.2.0"}, "builds": {"sm_120": {**good, "known": {"k1": old, "k2": good}}}}
+    state = {"applied": _applied("0.2.0"), "builds": {"sm_120": {**good, "known": {"k1": old, "k2": good}}}}
     assert build_cache_dir(state, "sm_120") == ("/c/new", "build record sm_120, t2")
-    failed = {"applied": {"version": "0.1.0"}, "builds": {"sm_120": {"ok": False, "cache_dir": "/c/x",
+    failed = {"applied": _applied("0.1.0"), "builds": {"sm_120": {"ok": False, "cache_dir": "/c/x",
                                                                    "version": "0.1.0", "known": {"k1": old}}}}
     assert build_cache_dir(failed, "sm_120") == ("/c/old", "build record sm_120, t1")  # rolled back: old build reused
     assert build_cache_dir(state, "sm_103") == (None, "no kernel build recorded for sm_103")
-    assert build_cache_dir({**state, "applied": {"version": "0.3.0"}}, "sm_120")[0] is None
+    assert build_cache_dir({**state, "applied": _applied("0.3.0")}, "sm_120")[0] is None
     assert build_cache_dir({"applied": None}, "sm_120") == (None, "no patch set applied")

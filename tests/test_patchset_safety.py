@@ -186,7 +186,7 @@ def test_verify_refuses_a_set_made_for_another_base(patches_root, pristine_base)
     write_raw_set(patches_root / "0.1.0", {"0001-ddtree-ok.patch": new_file_patch("python/ok.py")},
                   tree="0" * 40)
     r = run_main("patches", "verify", "--no-tests")
-    assert r.code == 4
+    assert r.code == 11  # ExitCode.BASE_TREE: not the patch set, the base it was made for
     assert f"was made for base tree {'0' * 40}, but the SGLang 0.5.23 base is {pristine_base.tree}" in r.stderr
 
 

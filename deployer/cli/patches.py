@@ -14,7 +14,7 @@ import click
 from ..base import fetch_base
 from ..errors import ConflictError, OverlayTestsFailed, PatchSetError
 from ..export import export_patch_set
-from ..output import emit_json, say, table
+from .output import emit_json, say, table
 from ..paths import active_overlay_dir
 from ..patchset import PatchSet, list_versions, load_patch_set, sets_root
 from ..setdiff import UNCHANGED, diff_sets

@@ -1,29 +1,44 @@
-"""Talk to the host-side agent (deployer/remote/agent.py): one JSON request in, one JSON result out.
+"""Talk to the host-side agent (deployer/remote/agent.py): one JSON request in, one JSON reply out.
 
-The agent is stdlib-only and runs with the host's inventory `python` as `python -c <source> OP`, so
-nothing has to be installed on a host and client and agent can never be out of step.
+The agent is stdlib-only and runs with the host's inventory `python` as `python - OP`: its
+source and, as a last line, the call with the request come on stdin, so nothing has to be
+installed on a host, client and agent can never be out of step, and neither the source nor the
+request shows in `ps` on the host. Every reply is validated into its model from deployer/remote/protocol.py.
+
+    with agent_session(host, accept_new_host_keys=False) as agent:   # one SSH connection
+        status = agent.call("status", {}, StatusReply, stream=say)
 """
 
 from __future__ import annotations
 
 import functools
+import getpass
 import json
+import socket
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, TypeVar
 
 from .. import errors
-from ..connection import Connection, last_line
+from ..connection import Connection, last_line, open_connection
 from ..inventory import Host
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
-MAX_SOURCE = 100_000  # one argv word may be at most 128 KiB on Linux
+R = TypeVar("R")
 
 
 @functools.cache  # read once per process, not once per agent call on every host
-def agent_source() -> str:
-    src = AGENT_PATH.read_text()
-    assert len(src) < MAX_SOURCE, "agent.py grew past what fits in one argv word"
-    return src
+def agent_source() -> bytes:
+    return AGENT_PATH.read_bytes()
+
+
+def agent_program(request: dict[str, Any]) -> bytes:
+    """What `python -` reads: the agent, then the call with the request (a Python string literal)."""
+    return agent_source() + b"\nsys.exit(main(sys.argv, %s))\n" % repr(json.dumps(request)).encode()
+
+
+def who() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
 def error_for(kind: str, message: str, host: str) -> errors.DeployError:
@@ -34,47 +49,62 @@ def error_for(kind: str, message: str, host: str) -> errors.DeployError:
     return cls(message, host=host)
 
 
-class AgentReply(dict):
-    """The agent's result; a missing field (a foreign or broken agent) is one clear error, not a KeyError."""
-
-    def __init__(self, data: dict[str, Any], host: Host):
-        super().__init__(data)
-        self._host = host
-
-    def __missing__(self, key: str) -> Any:
-        raise errors.RemoteCommandError(f"the ddeploy agent ({self._host.python}) replied without {key!r}; "
-                                        f"check `python` in the inventory", host=self._host.name)
+def _reply_problem(exc: Exception) -> str:
+    """What is wrong with a reply that does not fit its model, in a few words."""
+    first = exc.errors()[0]  # type: ignore[attr-defined]
+    field = ".".join(str(x) for x in first["loc"])
+    if first["type"] == "missing":
+        return f"replied without {field!r}"
+    return f"replied with a bad {field!r} ({first['msg']})"
 
 
-def _parse_reply(line: str, host: Host) -> dict[str, Any]:
-    """The agent's last JSON line; anything else (a hostile or broken python) is one clear error."""
-    try:
-        result = json.loads(line)
-    except ValueError:
-        result = None
-    if not isinstance(result, dict):
-        raise errors.RemoteCommandError(f"the ddeploy agent ({host.python}) replied with something that is not a "
-                                        f"JSON object: {line[:80]!r}; check `python` in the inventory", host=host.name)
-    return AgentReply(result, host)
+class AgentSession:
+    """Agent calls over one open connection (each call a channel on it: no new SSH handshake)."""
+
+    def __init__(self, conn: Connection, host: Host, command: str = "ddeploy"):
+        self.conn, self.host, self.command = conn, host, command
+
+    def _fail(self, what: str) -> errors.RemoteCommandError:
+        return errors.RemoteCommandError(f"the ddeploy agent ({self.host.python}) {what}; check `python` in the "
+                                         f"inventory", host=self.host.name)
+
+    def _raw(self, op: str, request: dict[str, Any], stream, timeout) -> dict[str, Any]:
+        req = {"op": op, "checkout": self.host.checkout, "by": who(), "command": self.command, **request}
+        res = self.conn.run([self.host.python, "-", op], input=agent_program(req), check=False, stream=stream,
+                            timeout=timeout)
+        lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+        if res.rc != 0 or not lines:
+            raise self._fail(f"failed with exit {res.rc}: {last_line(res.stderr)} (Python >= 3.8 needed)")
+        try:
+            reply = json.loads(lines[-1])
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):
+            raise self._fail(f"replied with something that is not a JSON object: {lines[-1][:80]!r}")
+        return reply
+
+    def call(self, op: str, request: dict[str, Any], model: type[R], *, stream: Callable[[str], None] | None = None,
+             timeout: float | None = None, passthrough: tuple[str, ...] = ()) -> R:
+        """Run one agent operation; its reply as `model`, or the error it reported raised as a
+        DeployError (error kinds in `passthrough` come back as a failed protocol.Reply instead)."""
+        from pydantic import ValidationError
+
+        from .protocol import Reply
+
+        reply = self._raw(op, request, stream, timeout)
+        if not reply.get("ok"):
+            err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+            if err.get("kind") in passthrough:
+                return Reply.model_validate(reply)  # type: ignore[return-value]
+            raise error_for(str(err.get("kind")), str(err.get("message", "unknown agent error")), self.host.name)
+        try:
+            return model.model_validate(reply)  # type: ignore[attr-defined]
+        except ValidationError as exc:
+            raise self._fail(_reply_problem(exc)) from None
 
 
-def call_agent(conn: Connection, host: Host, op: str, request: dict[str, Any], *,
-               stream: Callable[[str], None] | None = None, timeout: float | None = None,
-               passthrough: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Run one agent operation on the host; returns its result or raises the error it reported
-    (error kinds in `passthrough` come back as the result instead)."""
-    req = {"op": op, "checkout": host.checkout, **request}
-    res = conn.run([host.python, "-c", agent_source(), op], input=json.dumps(req).encode(), check=False,
-                   stream=stream, timeout=timeout)
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
-    if res.rc != 0 or not lines:
-        raise errors.RemoteCommandError(f"the ddeploy agent ({host.python}) failed with exit {res.rc}: "
-                                        f"{last_line(res.stderr)}; "
-                                        f"check `python` in the inventory (Python >= 3.8 needed)", host=host.name)
-    result = _parse_reply(lines[-1], host)
-    if not result.get("ok"):
-        err = result.get("error") if isinstance(result.get("error"), dict) else {}
-        if err.get("kind") in passthrough:
-            return result
-        raise error_for(str(err.get("kind")), str(err.get("message", "unknown agent error")), host.name)
-    return result
+@contextmanager
+def agent_session(host: Host, *, accept_new_host_keys: bool = False, command: str = "ddeploy") -> Iterator[AgentSession]:
+    """One connection to the host for every agent call of a command (raises ConnectError)."""
+    with open_connection(host, accept_new_host_keys=accept_new_host_keys) as conn:
+        yield AgentSession(conn, host, command)

@@ -2,7 +2,11 @@
 
 Run as `<python> -c <this source> OP` with a JSON request on stdin; prints one JSON object on
 stdout ({"ok": true, ...} or {"ok": false, "error": {"kind", "message"}}) and progress lines on
-stderr. OPs: status, plan, push, rollback, log, lock-status, lock-release.
+stderr. OPs: status, state, plan, push, rollback, log, lock-status, lock-release (deploys), sources,
+build (kernel builds), test (overlay tests), launch, logs, stop (launched servers). The client
+runs it as `python - OP` with this source and the call on stdin (deployer/remote/__init__.py),
+or it runs as `python agent.py OP` with the request on stdin; the reply shapes
+are the pydantic models of deployer/remote/protocol.py.
 
 Why one program on the host: a push is a single round trip and a single transaction. Patch
 commits are built in a private index (the work tree is untouched until they all exist), the switch
@@ -18,6 +22,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -226,7 +231,9 @@ def load_patches(req: dict, workdir: str) -> list:
             raise Fail("PatchSetError", "patch name %r is not a plain file name" % p["name"])
         if "data_b64" in p:
             data = base64.b64decode(p["data_b64"])
-            path = os.path.join(workdir, p["name"])
+            path = os.path.join(spec.get("dir") or workdir, p["name"])
+            if spec.get("dir"):
+                os.makedirs(spec["dir"], exist_ok=True)
             with open(path, "wb") as fh:
                 fh.write(data)
         else:
@@ -457,7 +464,6 @@ def op_push(repo: Repo, req: dict) -> dict:
             recovered = recover(repo)
             f = facts(repo)
             p = plan(repo, req, f, patches)
-            p["recovered"] = recovered
             if p["blocked"]:
                 kind = "DriftError" if p["drift"] and not opts.get("force") else "ConflictError"
                 hint = ("; rerun with --force to save them (recoverable) and go on" if kind == "DriftError"
@@ -465,9 +471,9 @@ def op_push(repo: Repo, req: dict) -> dict:
                 raise Fail(kind, "%s: %s%s; nothing was changed" % (repo.path, p["blocked"], hint))
             if p["action"] == "noop":
                 progress("%s %s is already applied; nothing to do" % (spec["name"], spec["version"]))
-                return {"ok": True, "changed": False, "plan": p}
+                return {"ok": True, "changed": False, "plan": p, "recovered": recovered}
             saved = save_edits(repo, p["drift"], req, "push") if p["drift"] else None
-            return _push_apply(repo, req, f, p, patches, saved)
+            return dict(_push_apply(repo, req, f, p, patches, saved), recovered=recovered)
         finally:
             release(repo)
     finally:
@@ -609,24 +615,636 @@ def op_lock_release(repo: Repo, req: dict) -> dict:
     return {"ok": True, "released": owner is not None, "lock": owner}
 
 
+# ---------------------------------------------------------------- kernel builds (`ddeploy build`)
+# Minimum nvcc per arch (archs not listed rely on `nvcc --list-gpu-arch`).
+MIN_NVCC = {(9, 0): (11, 8), (10, 0): (12, 8), (12, 0): (12, 8), (10, 3): (12, 9), (12, 1): (12, 9),
+            (11, 0): (13, 0)}
+# The kernel-build concern's sources (tests excluded): what a rebuild depends on.
+KERNEL_DIR = "python/sglang/kernels/jit"
+KERNEL_FILES = ["python/sglang/srt/speculative/ddtree_kernel.py", "python/sglang/srt/speculative/ddtree_build.py"]
+DEFAULT_CACHE_ROOT = "$HOME/.cache/ddeploy/jit"
+PREBUILD_MODULE = "sglang.srt.speculative.ddtree_build"
+DDTREE_MODULE = "sgl_kernel_jit_speculative_ddtree"
+
+
+class Toolkit:
+    def __init__(self, cuda_home: str, version: tuple, archs):
+        self.cuda_home, self.version, self.archs = cuda_home, tuple(version), archs
+
+    @property
+    def version_text(self) -> str:
+        return "%d.%d" % self.version
+
+
+def run_tool(argv: list, env=None, cwd=None):
+    """(rc, stdout, stderr) of a command; rc 127 when it does not exist."""
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
+                           env=dict(os.environ, **(env or {})))
+    except OSError as exc:
+        return 127, "", "%s: %s" % (argv[0], exc.strerror)
+    return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+
+def last_text_line(*texts, default="no output") -> str:
+    for text in texts:
+        lines = text.strip().splitlines()
+        if lines:
+            return lines[-1]
+    return default
+
+
+def parse_nvidia_smi(text: str) -> list:
+    """`name, compute_cap` CSV lines (noheader) -> [(name, (major, minor))]."""
+    gpus = []
+    for line in text.strip().splitlines():
+        name, _, cap = line.rpartition(",")
+        m = re.match(r"\s*(\d+)\.(\d+)\s*\Z", cap)
+        if not name.strip() or not m:
+            raise Fail("BuildError", "cannot read nvidia-smi output line %r (expected 'name, compute_cap')" % line)
+        gpus.append((name.strip(), (int(m.group(1)), int(m.group(2)))))
+    return gpus
+
+
+def parse_nvcc_version(text: str):
+    m = re.search(r"release (\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def check_gpus_match(target: dict, gpus):
+    """The inventory's arch against nvidia-smi's (None where the host has no nvidia-smi)."""
+    if not gpus:
+        return None
+    want = tuple(target["capability"])
+    for name, cap in gpus:
+        if cap != want:
+            raise Fail("BuildError", "inventory says gpu.arch %s (%s) in %s, but nvidia-smi reports %s, compute "
+                       "capability %d.%d (sm_%d%d); fix gpu.arch in the inventory" % (
+                           target["arch"], target["model"], target["source"], name, cap[0], cap[1], cap[0], cap[1]))
+    return gpus[0][0]
+
+
+def probe_gpus():
+    rc, out, err = run_tool(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"])
+    if rc == 127:
+        return None
+    if rc != 0:
+        raise Fail("BuildError", "nvidia-smi failed (exit %d): %s" % (rc, last_text_line(err)))
+    return parse_nvidia_smi(out)
+
+
+def resolve_cuda_home(target: dict) -> str:
+    """CUDA_HOME from the inventory, else /usr/local/cuda, else the toolkit of the nvcc on PATH."""
+    if target.get("cuda_home"):
+        return target["cuda_home"]
+    if os.access("/usr/local/cuda/bin/nvcc", os.X_OK):
+        return "/usr/local/cuda"
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        raise Fail("BuildError", "no CUDA toolkit found (no CUDA_HOME in %s, no /usr/local/cuda, no nvcc on PATH); "
+                   "install CUDA >= 12.8 or set env.CUDA_HOME" % target["source"])
+    real = os.path.realpath(nvcc)
+    try:  # a wrapper script (exec /path/bin/nvcc "$@") names the real toolkit
+        with open(real, errors="replace") as fh:
+            m = re.search(r"^exec (/\S*/bin/nvcc) ", fh.read(4096), re.M)
+        real = m.group(1) if m else real
+    except OSError:
+        pass
+    return os.path.dirname(os.path.dirname(real))
+
+
+def probe_toolkit(target: dict, cuda_home: str) -> Toolkit:
+    nvcc = cuda_home.rstrip("/") + "/bin/nvcc"
+    rc, out, _err = run_tool([nvcc, "--version"])
+    if rc != 0:
+        where = "CUDA_HOME=%s%s" % (cuda_home, " from %s" % target["source"] if target.get("cuda_home") else "")
+        raise Fail("BuildError", "no working nvcc at %s (%s; exit %d); install the CUDA toolkit (>= 12.8 for "
+                   "Blackwell) or point env.CUDA_HOME at one" % (nvcc, where, rc))
+    version = parse_nvcc_version(out)
+    if version is None:
+        raise Fail("BuildError", "cannot read the version from `%s --version`: %r" % (nvcc, out.strip()[-200:]))
+    rc, listed, _err = run_tool([nvcc, "--list-gpu-arch"])
+    archs = frozenset(re.findall(r"compute_\d+[af]?", listed)) if rc == 0 else None
+    return Toolkit(cuda_home, version, archs or None)
+
+
+def check_toolkit_supports(target: dict, toolkit: Toolkit) -> None:
+    major, minor = target["capability"]
+    arch = "sm_%d%d" % (major, minor)
+    need = MIN_NVCC.get((major, minor))
+    nvcc = "%s/bin/nvcc" % toolkit.cuda_home
+    if need and toolkit.version < need:
+        raise Fail("BuildError", "%s needs nvcc >= %d.%d, but %s is %s; install a newer CUDA toolkit on the host "
+                   "or point env.CUDA_HOME at one" % (arch, need[0], need[1], nvcc, toolkit.version_text))
+    if toolkit.archs is not None and "compute_%d%d" % (major, minor) not in toolkit.archs:
+        listed = " ".join(sorted(toolkit.archs, key=lambda a: int(re.sub(r"\D", "", a))))
+        raise Fail("BuildError", "nvcc %s at %s cannot build %s (its --list-gpu-arch: %s); use a toolkit that "
+                   "supports %s" % (toolkit.version_text, nvcc, arch, listed, arch))
+
+
+def kernel_source_hash(checkout: str):
+    """sha256 over `sha256sum`-style lines of the kernel sources (sorted paths), or None without any."""
+    found = []
+    for root, _dirs, names in os.walk(os.path.join(checkout, KERNEL_DIR)):
+        found += [os.path.relpath(os.path.join(root, n), checkout) for n in names if n.startswith("ddtree")]
+    found += [f for f in KERNEL_FILES if os.path.isfile(os.path.join(checkout, f))]
+    if not any(f.startswith(KERNEL_DIR) for f in found):
+        return None
+    lines = []
+    for rel in sorted(set(found)):
+        with open(os.path.join(checkout, rel), "rb") as fh:
+            lines.append("%s  %s\n" % (hashlib.sha256(fh.read()).hexdigest(), rel))
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def check_python_imports_checkout(target: dict, checkout: str) -> None:
+    """The host python must import sglang from this checkout (an editable install), not elsewhere."""
+    code = ("import importlib.util as u; s = u.find_spec('sglang'); "
+            "print(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')")
+    rc, out, err = run_tool([target["python"], "-c", code], cwd="/")
+    want = checkout.rstrip("/") + "/python/sglang"
+    got = out.strip()
+    if rc != 0:
+        raise Fail("BuildError", "cannot run the host python %s (from %s): %s" % (
+            target["python"], target["source"], last_text_line(err, default="exit %d" % rc)))
+    if not got:
+        raise Fail("BuildError", "%s cannot import sglang; install the checkout into it (pip install -e %s/python)"
+                   % (target["python"], checkout))
+    if os.path.realpath(got) != os.path.realpath(want):
+        raise Fail("BuildError", "%s imports sglang from %s, not from the checkout %s; install the checkout "
+                   "editable (pip install -e %s/python)" % (target["python"], got, want, checkout))
+
+
+def expand_home(root: str) -> str:
+    """A leading ~ or $HOME of the JIT cache root is expanded on the host (nothing else is)."""
+    home = os.environ.get("HOME", "")
+    for prefix in ("~", "$HOME"):
+        if root == prefix or root.startswith(prefix + "/"):
+            return (home + root[len(prefix):]).rstrip("/")
+    return root.rstrip("/")
+
+
+def cache_has_build(cache_dir: str, capability) -> bool:
+    import glob
+    pattern = "sm%d%d*/%s/build-*/deps-*/*.so" % (capability[0], capability[1], DDTREE_MODULE)
+    return any(os.path.isfile(p) for p in glob.glob(os.path.join(glob.escape(cache_dir), pattern)))
+
+
+def plan_build(repo: Repo, req: dict) -> dict:
+    """Facts (applied set, python, GPU, toolkit, sources) -> what a build would do; writes nothing."""
+    target, opts = req["target"], req.get("options", {})
+    _c, state = read_state(repo)
+    applied = state.get("applied")
+    if not applied:
+        raise Fail("BuildError", "no patch set is applied to %s; push one first (ddeploy push --host %s)" % (
+            repo.path, target["name"]))
+    check_python_imports_checkout(target, repo.path)
+    gpu = check_gpus_match(target, probe_gpus())
+    toolkit = probe_toolkit(target, resolve_cuda_home(target))
+    check_toolkit_supports(target, toolkit)
+    source_hash = kernel_source_hash(repo.path)
+    if source_hash is None:
+        raise Fail("BuildError", "no DDTree kernel sources under %s/%s; is the patch set applied?" % (
+            repo.path, KERNEL_DIR))
+    major, minor = target["capability"]
+    plan = {"host": target["name"], "arch": "sm_%d%d" % (major, minor), "capability": [major, minor],
+            "toolkit": {"cuda_home": toolkit.cuda_home, "nvcc": toolkit.version_text},
+            "source_hash": source_hash, "version": applied.get("version", "?"), "gpu": gpu,
+            "cache_dir": "%s/%s" % (expand_home(target.get("cache_root") or DEFAULT_CACHE_ROOT), source_hash[:16]),
+            "action": "build", "reason": ""}
+    plan["key"] = "%s|%s|%s" % (source_hash, plan["arch"], toolkit.version_text)
+    current = (state.get("builds") or {}).get(plan["arch"]) or {}
+    known = current.get("known") or {}
+    plan["previous_cache_dir"] = current.get("cache_dir")
+    if opts.get("force"):
+        plan["reason"] = "--force"
+    elif plan["key"] not in known:
+        plan["reason"] = "no build for these kernel sources, arch and nvcc yet"
+    elif not cache_has_build(plan["cache_dir"], plan["capability"]):
+        plan["reason"] = "the recorded build is gone from %s" % plan["cache_dir"]
+    else:
+        prior = known[plan["key"]]
+        plan["action"] = "noop"
+        plan["reason"] = "already built for these sources (version %s, %s)" % (prior.get("version", "?"),
+                                                                               prior.get("at", "?"))
+    return plan
+
+
+def update_section(repo: Repo, section: str, change, message: str) -> dict:
+    """CAS one non-engine section (builds, tests): change(old value) -> new value, on the latest record."""
+    for _ in range(20):
+        old, state = read_state(repo)
+        state[section] = change(state.get(section))
+        if write_state(repo, old, state, message):
+            return state
+        time.sleep(0.05)
+    raise Fail("StateError", "%s kept changing while recording; run the command again" % STATE_REF)
+
+
+def record_build(repo: Repo, plan: dict, summary, ok: bool) -> None:
+    """builds[arch] = this build (ok or not) plus `known`: every good build by cache key."""
+    record = {"ok": ok, "nvcc": plan["toolkit"]["nvcc"], "cuda_home": plan["toolkit"]["cuda_home"],
+              "source_hash": plan["source_hash"], "cache_dir": plan["cache_dir"], "version": plan["version"],
+              "at": now(), "modules": [{k: m.get(k) for k in ("module", "status", "seconds", "path", "reason")}
+                                       for m in (summary or {}).get("modules", [])]}
+
+    def change(builds):
+        builds = dict(builds or {})
+        known = dict((builds.get(plan["arch"]) or {}).get("known") or {})
+        if ok:
+            known[plan["key"]] = {k: v for k, v in record.items() if k != "ok"}
+        builds[plan["arch"]] = dict(record, known=known)
+        return builds
+    update_section(repo, "builds", change, "build %s %s" % (plan["arch"], plan["source_hash"][:12]))
+
+
+def record_reuse(repo: Repo, plan: dict) -> None:
+    """A no-op build of sources built before (e.g. after a rollback): make that build current again."""
+    def change(builds):
+        builds = dict(builds or {})
+        entry = builds.get(plan["arch"]) or {}
+        if entry.get("ok") and (entry.get("source_hash"), entry.get("version")) == (plan["source_hash"],
+                                                                                   plan["version"]):
+            return builds
+        known = entry.get("known") or {}
+        # `version` is the applied set this build now serves (launch looks it up by version).
+        builds[plan["arch"]] = dict(known[plan["key"]], ok=True, version=plan["version"], known=known)
+        return builds
+    update_section(repo, "builds", change, "build %s %s (cached)" % (plan["arch"], plan["source_hash"][:12]))
+
+
+def drop_arch_cache(plan: dict) -> None:
+    """--force: SGLang keeps an existing leaf even when told to recompile, so start from nothing."""
+    import glob
+    pattern = "sm%d%d*" % tuple(plan["capability"])
+    for d in glob.glob(os.path.join(glob.escape(plan["cache_dir"]), pattern)):
+        if os.path.isdir(d) and not os.path.islink(d):
+            shutil.rmtree(d)
+
+
+def seed_cache(plan: dict) -> None:
+    """Hard-link SGLang's own modules from the previous build: they do not include the overlay's
+    kernel sources, and their cache leaves are immutable and self-verifying."""
+    import glob
+    previous = plan.get("previous_cache_dir")
+    if not previous or previous == plan["cache_dir"] or not os.path.isdir(previous):
+        return
+    pattern = "sm%d%d*/sgl_kernel_jit_*" % tuple(plan["capability"])
+    for src in glob.glob(os.path.join(glob.escape(previous), pattern)):
+        rel = os.path.relpath(src, previous)
+        dst = os.path.join(plan["cache_dir"], rel)
+        if rel.endswith("/" + DDTREE_MODULE) or not os.path.isdir(src) or os.path.exists(dst):
+            continue
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        subprocess.run(["cp", "-al", src, dst], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def run_prebuild(repo: Repo, target: dict, plan: dict) -> dict:
+    """The prebuild in the host's python env; its stderr is streamed, its stdout is a JSON summary."""
+    major, minor = plan["capability"]
+    argv = [target["python"], "-m", PREBUILD_MODULE, "--arch", "%d.%d" % (major, minor), "--cache-dir",
+            plan["cache_dir"], "--json"]
+    # Bytecode goes into the checkout's .git so the work tree stays clean (no drift).
+    env = dict(os.environ, CUDA_HOME=plan["toolkit"]["cuda_home"],
+               PYTHONPYCACHEPREFIX=os.path.join(repo.ddir, "pycache"))
+    sys.stderr.flush()
+    try:
+        p = subprocess.run(argv, cwd=repo.path, env=env, stdout=subprocess.PIPE, stderr=None)
+        rc, out = p.returncode, p.stdout.decode(errors="replace")
+    except OSError as exc:
+        rc, out = 127, ""
+        progress("%s: %s" % (target["python"], exc.strerror))
+    try:
+        summary = json.loads(out)
+    except ValueError:
+        summary = None
+    if rc != 0 or not isinstance(summary, dict):
+        failed = [m for m in (summary or {}).get("modules", []) if m.get("status") == "failed"]
+        detail = ("%s: %s" % (failed[0]["module"], failed[0].get("reason", "")[-300:]) if failed
+                  else "see the output above")
+        raise Fail("BuildError", "kernel build for %s failed (exit %d): %s" % (plan["arch"], rc, detail))
+    return summary
+
+
+def serve_hint(plan: dict) -> str:
+    return ("serve with the prebuilt kernels: SGLANG_JIT_CACHE_DIR=%s SGLANG_CRASH_ON_JIT_COMPILE=1 "
+            "python -m sglang.launch_server ..." % plan["cache_dir"])
+
+
+def announce(plan: dict) -> None:
+    gpu = " (%s, checked with nvidia-smi)" % plan["gpu"] if plan["gpu"] else " (from the inventory)"
+    progress("arch %s%s, nvcc %s at %s, sources %s" % (plan["arch"], gpu, plan["toolkit"]["nvcc"],
+                                                       plan["toolkit"]["cuda_home"], plan["source_hash"][:12]))
+
+
+def op_build(repo: Repo, req: dict) -> dict:
+    """Plan and (unless it is a no-op) run the kernel build; records it in the state (section builds).
+    options.reuse_only: never compile, only make an existing build of these sources current again."""
+    plan = plan_build(repo, req)
+    if req.get("options", {}).get("reuse_only") and plan["action"] != "noop":
+        return {"ok": True, "changed": False, "plan": plan, "build": None}
+    announce(plan)
+    if plan["action"] == "noop":
+        record_reuse(repo, plan)
+        progress("nothing to build: %s" % plan["reason"])
+        progress(serve_hint(plan))
+        return {"ok": True, "changed": False, "plan": plan, "build": None}
+    progress("building (%s) into %s" % (plan["reason"], plan["cache_dir"]))
+    acquire(repo, req)
+    try:
+        if req.get("options", {}).get("force"):
+            drop_arch_cache(plan)
+        else:
+            seed_cache(plan)
+        try:
+            summary = run_prebuild(repo, req["target"], plan)
+        except Fail:
+            record_build(repo, plan, None, ok=False)
+            raise
+        record_build(repo, plan, summary, ok=True)
+    finally:
+        release(repo)
+    progress(serve_hint(plan))
+    return {"ok": True, "changed": True, "plan": plan, "build": summary}
+
+
+def op_sources(repo: Repo, req: dict) -> dict:
+    return {"ok": True, "source_hash": kernel_source_hash(repo.path)}
+
+
+# ---------------------------------------------------------------- overlay tests (`ddeploy test --remote`)
+TEST_DIR = "test/srt/ddtree"
+
+
+def junit_totals(xml_text: str):
+    """Totals over every <testsuite> of a pytest JUnit report, or None when it cannot be read."""
+    import xml.etree.ElementTree as ET
+    try:
+        root = ET.fromstring(xml_text)
+    except ET.ParseError:
+        return None
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    total = {k: sum(int(s.get(k, 0) or 0) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    duration = sum(float(s.get("time", 0) or 0) for s in suites)
+    passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
+    return {"tests": total["tests"], "passed": passed, "failed": total["failures"], "errors": total["errors"],
+            "skipped": total["skipped"], "duration": duration}
+
+
+def describe_totals(t: dict) -> str:
+    return "%d passed, %d failed, %d skipped, %d errors in %.1fs" % (t["passed"], t["failed"], t["skipped"],
+                                                                    t["errors"], t["duration"])
+
+
+def check_applied_for_tests(state: dict, req: dict) -> dict:
+    applied = state.get("applied")
+    name = req["target"]["name"]
+    if not applied:
+        raise Fail("StateError", "no patch set is applied to %s, so it has no overlay tests; push one first "
+                   "(ddeploy push --host %s)" % (req["checkout"], name))
+    want = req.get("requested")
+    if want and applied.get("fingerprint") != want["fingerprint"]:
+        raise Fail("StateError", "%s %s is applied, not the requested %s %s; push %s first or drop --version" % (
+            applied.get("name"), applied.get("version"), want["name"], want["version"], want["version"]))
+    return applied
+
+
+def op_test(repo: Repo, req: dict) -> dict:
+    """pytest on the applied set's overlay tests, JUnit report inside .git; the report comes back in
+    the reply and its totals are recorded in the state (section tests)."""
+    _c, state = read_state(repo)
+    applied = check_applied_for_tests(state, req)
+    opts = req.get("options", {})
+    reports = os.path.join(repo.ddir, "test-reports")
+    os.makedirs(reports, exist_ok=True)
+    junit = os.path.join(reports, "%s.xml" % req["stamp"])
+    progress("running %s of %s %s with %s%s" % (TEST_DIR, applied.get("name"), applied.get("version"),
+                                               req["target"]["python"],
+                                               " (-k %s)" % opts["k"] if opts.get("k") else ""))
+    argv = [req["target"]["python"], "-m", "pytest", TEST_DIR, "-q", "-p", "no:cacheprovider",
+            "-o", "junit_family=xunit2", "--junitxml=" + junit] + (["-k", opts["k"]] if opts.get("k") else [])
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=os.path.join(repo.ddir, "pycache"))
+    sys.stderr.flush()
+    try:  # all of pytest's output on stderr: the client streams it line by line as `[host] ...`
+        rc = subprocess.run(argv, cwd=repo.path, env=env, stdout=2, stderr=2).returncode
+    except OSError as exc:
+        rc = 127
+        progress("%s: %s" % (argv[0], exc.strerror))
+    try:
+        with open(junit, errors="replace") as fh:
+            xml_text = fh.read()
+    except FileNotFoundError:
+        xml_text = None
+    totals = junit_totals(xml_text) if xml_text is not None else None
+    record = {"ok": bool(totals and totals["failed"] == 0 and totals["errors"] == 0 and totals["tests"] > 0
+                         and rc == 0),
+              "rc": rc, "version": applied.get("version"), "k": opts.get("k"), "at": now(),
+              "report": req.get("report") or junit}
+    record.update(totals or {})
+    record["summary"] = describe_totals(totals) if totals else "pytest exit %d" % rc
+    update_section(repo, "tests", lambda _old: record, "test %s: %s" % (applied.get("version"), record["summary"]))
+    return {"ok": True, "record": record, "junit": xml_text, "host_report": junit}
+
+
+# ---------------------------------------------------------------- launches (`ddeploy launch|logs|stop`)
+LAUNCH_RECORD = "launch.json"
+
+
+def read_launch(base: str):
+    """The last launch record, None when nothing was launched; unreadable is an error, not 'nothing'."""
+    path = os.path.join(base, LAUNCH_RECORD)
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise Fail("StateError", "cannot read the launch record %s (%s); fix its permissions or run as its "
+                   "owner" % (path, exc.strerror))
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise Fail("StateError", "%s is not valid JSON; remove it after checking nothing runs" % path)
+
+
+def write_launch(base: str, record: dict) -> None:
+    path = os.path.join(base, LAUNCH_RECORD)
+    with open(path + ".tmp", "w") as fh:
+        json.dump(record, fh, indent=2)
+    os.rename(path + ".tmp", path)
+
+
+def start_time(pid: int):
+    """Field 22 of /proc/PID/stat (the command name in field 2 may hold spaces), None when gone or a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def alive_units(record) -> list:
+    """The recorded units whose pid still runs with the recorded start time (a reused pid is not ours)."""
+    return [u for u in (record or {}).get("units", []) if start_time(int(u["pid"])) == str(u["starttime"])]
+
+
+def start_unit(remote: str, unit: dict) -> dict:
+    log = os.path.join(remote, unit["name"] + ".log")
+    with open(log, "a") as fh:
+        fh.write("=== ddeploy launch %s at %s ===\n" % (unit["script_file"], now()))
+        fh.flush()
+        # Its own session (setsid): it leads its own process group, and stop signals exactly that group.
+        proc = subprocess.Popen(["nohup", "bash", "./" + unit["script_file"]], cwd=remote, stdin=subprocess.DEVNULL,
+                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    started = start_time(proc.pid)
+    if started is None:
+        raise Fail("RemoteCommandError", "%s did not start (exited at once); see %s" % (unit["script_file"], log))
+    return {"name": unit["name"], "pid": proc.pid, "starttime": started, "log": log}
+
+
+def write_units(remote: str, units: list) -> None:
+    os.makedirs(remote, exist_ok=True)
+    for unit in units:
+        for fname, text, mode in ((unit["script_file"], unit["script"], 0o755), (unit["env_file"], unit["env"], 0o600)):
+            path = os.path.join(remote, fname)
+            fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+            os.chmod(path + ".tmp", mode)
+            os.rename(path + ".tmp", path)
+
+
+def tail(path: str, lines: int = 5) -> str:
+    try:
+        with open(path, errors="replace") as fh:
+            return " | ".join(fh.read().strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def op_launch(repo: Repo, req: dict) -> dict:
+    """Write the host's units, start each detached, record pids; refuse while a recorded launch runs."""
+    base, units = req["base"], req["units"]
+    previous = read_launch(base)
+    running = alive_units(previous)
+    if running:
+        raise Fail("StateError", "topology %s is still running (pid %s); run `ddeploy stop --host %s` first" % (
+            previous["topology"], ", ".join(str(u["pid"]) for u in running), req["target"]["name"]))
+    remote = os.path.join(base, req["topology"])
+    write_units(remote, units)
+    record = {"topology": req["topology"], "dir": remote, "state": "running", "started_at": now(), "units": []}
+    try:
+        for unit in units:
+            s = start_unit(remote, unit)
+            record["units"].append(s)
+            progress("started %s (pid %d), log %s" % (s["name"], s["pid"], s["log"]))
+    finally:  # whatever started is recorded, so `stop` can find it even if a later unit failed
+        write_launch(base, record)
+    time.sleep(float(req.get("settle", 1.0)))  # a script that fails at once (bad python, bad flag) shows it here
+    alive = alive_units(record)
+    dead = [u for u in record["units"] if u not in alive]
+    if dead:
+        raise Fail("RemoteCommandError", "%s exited right after start: %s" % (dead[0]["name"], tail(dead[0]["log"])))
+    return {"ok": True, "record": record}
+
+
+def op_logs(repo: Repo, req: dict) -> dict:
+    """The last launch's logs on stderr (streamed by the client); --follow ends when the server exits."""
+    base = req["base"]
+    record = read_launch(base)
+    if record is None:
+        raise Fail("StateError", "nothing was launched here (no %s); run `ddeploy launch` first" %
+                   os.path.join(base, LAUNCH_RECORD))
+    files = [u["log"] for u in record["units"]]
+    argv = ["tail", "-n", str(int(req.get("lines", 50)))]
+    if req.get("follow"):
+        running = alive_units(record)
+        argv += ["-F"] + (["--pid=%d" % running[0]["pid"]] if running else [])
+    sys.stderr.flush()
+    rc = subprocess.run(argv + files, stdout=2, stderr=subprocess.DEVNULL).returncode
+    return {"ok": True, "rc": rc, "files": files}
+
+
+def op_stop(repo: Repo, req: dict) -> dict:
+    """TERM each recorded process group (verified by start time), wait up to grace, KILL the rest."""
+    base, grace = req["base"], max(1.0, float(req.get("grace", 30)))
+    record = read_launch(base)
+    running = alive_units(record)
+    if not running:
+        if record is None:
+            what = "no launch recorded in %s" % os.path.join(base, LAUNCH_RECORD)
+        elif record.get("state") == "stopped":
+            what = "last launch %s was stopped at %s" % (record["topology"], record.get("stopped_at", "?"))
+        else:
+            what = "last launch %s has exited (see `ddeploy logs --host %s`)" % (record["topology"],
+                                                                                req["target"]["name"])
+        raise Fail("StateError", "nothing to stop: %s" % what)
+    for u in running:
+        signal_group(int(u["pid"]), signal.SIGTERM)
+    deadline = time.time() + grace
+    while alive_units({"units": running}) and time.time() < deadline:
+        time.sleep(0.1)
+    outcome = {}
+    for u in running:
+        if alive_units({"units": [u]}):
+            signal_group(int(u["pid"]), signal.SIGKILL)
+            outcome[u["name"]] = "killed"
+        else:
+            outcome[u["name"]] = "terminated"
+        progress("%s (pid %s): %s" % (u["name"], u["pid"], outcome[u["name"]]))
+    record["state"] = "stopped"
+    record["stopped_at"] = now()
+    write_launch(base, record)
+    return {"ok": True, "record": record, "outcome": outcome}
+
+
+def signal_group(pid: int, sig) -> None:
+    try:
+        os.killpg(pid, sig)
+    except OSError:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def op_state(repo: Repo, req: dict) -> dict:
+    """The state record alone (launch reads its kernel builds); empty when nothing was ever deployed."""
+    if not os.path.isdir(repo.gitdir):
+        return {"ok": True, "state": {"schema": 1, "applied": None, "pre_deploy": None}}
+    return {"ok": True, "state": read_state(repo)[1]}
+
+
 OPS = {"push": op_push, "rollback": op_rollback, "status": op_status, "plan": op_plan, "log": op_log,
-       "lock-status": op_lock_status, "lock-release": op_lock_release}
+       "lock-status": op_lock_status, "lock-release": op_lock_release, "build": op_build, "sources": op_sources,
+       "test": op_test, "state": op_state, "launch": op_launch, "logs": op_logs, "stop": op_stop}
+# Work on launches beside the checkout, not in it: the checkout need not exist.
+NO_CHECKOUT = ("launch", "logs", "stop")
+# Interactive: they end with the client (a cut connection stops `logs --follow`).
+ATTACHED = ("logs",)
 
 
-def main(argv: list) -> int:
-    # A cut connection must not kill a transaction halfway: ignore hangups, detach from the session.
+def detach() -> None:
+    """A cut connection must not kill a transaction halfway: ignore hangups, leave the session."""
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     try:
         os.setsid()
     except OSError:
         pass
+
+
+def main(argv: list, request=None) -> int:
+    """argv: [program, OP]; request: the JSON text (from the client's program), else read on stdin."""
     try:
-        req = json.loads(sys.stdin.read())
+        req = json.loads(request if request is not None else sys.stdin.buffer.read().decode())
         op = argv[1] if len(argv) > 1 else req.get("op")
+        if op not in ATTACHED:
+            detach()
         if op not in OPS:
             raise Fail("UsageError", "unknown agent operation %r" % op)
-        if not os.path.isdir(req["checkout"]):
+        if op not in NO_CHECKOUT and not os.path.isdir(req["checkout"]):
             raise Fail("StateError", "checkout %s does not exist on this host; create it (clone SGLang "
                        "0.5.23) or fix `checkout` in the inventory" % req["checkout"])
         result = OPS[op](Repo(req["checkout"]), req)
@@ -642,5 +1260,5 @@ def main(argv: list) -> int:
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[0] != "-":  # `python agent.py OP` < request; `python -` gets its own call
     sys.exit(main(sys.argv))

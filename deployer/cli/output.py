@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import click
@@ -22,9 +21,8 @@ def table(rows: list[list[str]], headers: list[str]) -> str:
     """A plain aligned text table (no colours: it is also read in CI logs)."""
     cells = [headers] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([fmt(headers), fmt(["-" * w for w in widths])] + [fmt(r) for r in cells[1:]])
 
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
 
-def is_tty() -> bool:
-    return sys.stderr.isatty()
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in cells[1:]])
