@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InventoryError
-from .paths import HOSTS_DIR, cache_dir
+from .locations import HOSTS_DIR, cache_dir
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 ARCH_RE = re.compile(r"^sm_(\d+)(\d)([af]?)\Z")

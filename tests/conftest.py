@@ -31,7 +31,7 @@ from sshd_hosts import SshdFleet  # noqa: E402
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
-    from deployer.base import SGLANG_VERSION
+    from deployer.patchset.sglang_base import SGLANG_VERSION
 
     real = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddeploy"
     if os.environ.get("DDEPLOY_CACHE_DIR"):

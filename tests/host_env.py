@@ -75,7 +75,7 @@ def export_test_sets(root: Path) -> dict[str, Path]:
     """Patch sets exported from a snapshot of the overlay: 0.1.0 good, 0.1.1 kernel source changed,
     0.1.2 = 0.1.0 with a deliberately failing kernel test added, 0.1.3 = 0.1.0 with a kernel source
     nvcc rejects."""
-    from deployer.export import export_patch_set
+    from deployer.patchset.export import export_patch_set
 
     sets: dict[str, Path] = {}
     overlay = root / "overlay"

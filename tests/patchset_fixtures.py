@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployer.base import Base, ensure_base
-from deployer.paths import overlay_dir
+from deployer.patchset.sglang_base import Base, ensure_base
+from deployer.locations import overlay_dir
 
 REAL_WIRING_HUNK = overlay_dir() / "hunks" / "wiring.patch"
 

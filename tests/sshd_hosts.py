@@ -199,7 +199,7 @@ class SshdFleet:
     @classmethod
     def start(cls, root: Path, count: int = 3, *, first_octet: int = 11, python: str = sys.executable,
               prefix: str = "h") -> "SshdFleet":
-        from deployer.base import clone_base, ensure_base
+        from deployer.patchset.sglang_base import clone_base, ensure_base
 
         if not Path(SSHD).is_file() or not shutil.which("rsync"):
             raise RuntimeError("the sshd test hosts need openssh-server and rsync: "
@@ -282,8 +282,8 @@ def make_patch_set(dest: Path, version: str, concerns: list[tuple[str, dict[str,
     (None deletes); a "+=" prefix appends to the base content: {"python/sglang/version.py": "+=# x\\n"}."""
     import hashlib
 
-    from deployer.base import ensure_base
-    from deployer.gitutil import FIXED_IDENTITY
+    from deployer.patchset.sglang_base import ensure_base
+    from deployer.patchset.local_git import FIXED_IDENTITY
 
     base = ensure_base()
     work = dest.parent / f".{dest.name}-work"

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from deployer.base import BASE_TREE_HASHES, SGLANG_VERSION, find_wheel
-from deployer.gitutil import FIXED_IDENTITY, git, git_out
+from deployer.patchset.sglang_base import BASE_TREE_HASHES, SGLANG_VERSION, find_wheel
+from deployer.patchset.local_git import FIXED_IDENTITY, git, git_out
 from patchset_fixtures import pristine_base, run_main  # noqa: F401
 
 VERSION_FILE = "python/sglang/version.py"

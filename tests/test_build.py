@@ -203,7 +203,7 @@ def test_a_matching_nvidia_smi_confirms_the_arch(cli, built, fleet, tmp_path):
 
 
 def test_build_refuses_a_checkout_without_a_patch_set(cli, python_hosts, tmp_path):
-    from deployer.base import clone_base
+    from deployer.patchset.sglang_base import clone_base
 
     clone_base(tmp_path / "pristine")
     inv = variant_inventory(python_hosts, tmp_path / "inv", "k1", checkout=str(tmp_path / "pristine"))

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from deployer.ops.overlay_tests import parse_junit
-from deployer.paths import OVERLAYS_DIR
-from deployer.remote.agent import Fail, Toolkit, check_toolkit_supports, junit_totals, parse_nvcc_version, parse_nvidia_smi
+from deployer.locations import OVERLAYS_DIR
+from deployer.transport.agent import Fail, Toolkit, check_toolkit_supports, junit_totals, parse_nvcc_version, parse_nvidia_smi
 
 NVCC_12_9 = """nvcc: NVIDIA (R) Cuda compiler driver
 Copyright (c) 2005-2025 NVIDIA Corporation

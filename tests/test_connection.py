@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from deployer.connection import open_connection
+from deployer.transport.connection import open_connection
 from deployer.errors import ConnectError, RemoteCommandError
 from deployer.inventory import Inventory, local_host
 
@@ -91,7 +91,7 @@ def test_auth_refused_with_a_foreign_key(hosts, tmp_path):
 
 
 def test_banner_timeout_is_one_clear_line(hosts):
-    from deployer.connection import Timeouts
+    from deployer.transport.connection import Timeouts
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -126,7 +126,7 @@ def test_local_connection_runs_argv_without_a_shell(tmp_path):
 
 
 def test_command_timeout_from_the_environment(hosts, monkeypatch):
-    from deployer.connection import Timeouts
+    from deployer.transport.connection import Timeouts
 
     monkeypatch.setenv("DDEPLOY_COMMAND_TIMEOUT", "0.5")
     monkeypatch.setenv("DDEPLOY_BANNER_TIMEOUT", "3")

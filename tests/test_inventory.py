@@ -7,7 +7,7 @@ import yaml
 
 from deployer.errors import InventoryError
 from deployer.inventory import Inventory
-from deployer.paths import HOSTS_DIR
+from deployer.locations import HOSTS_DIR
 
 GOOD = {"name": "gpu1", "ssh": {"host": "10.0.0.5", "user": "ubuntu"},
         "gpu": {"model": "NVIDIA B300 SXM6", "count": 8, "arch": "sm_103"}, "interconnect": "nvlink",
@@ -53,7 +53,7 @@ def test_selection_by_name_group_and_all(tmp_path):
 
 
 def test_inventory_level_ssh_config_is_used(tmp_path):
-    from deployer.connection import _ssh_config_path
+    from deployer.transport.connection import _ssh_config_path
 
     write(tmp_path, "a.yaml", GOOD)
     assert _ssh_config_path(Inventory.load(tmp_path).get("gpu1")) != tmp_path / "ssh_config"

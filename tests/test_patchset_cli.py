@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from deployer.export import export_patch_set, sync_differences
-from deployer.paths import overlay_dir, patch_set_root
-from deployer.patchset import list_versions, load_patch_set
+from deployer.patchset.export import export_patch_set, sync_differences
+from deployer.locations import overlay_dir, patch_set_root
+from deployer.patchset.release import list_versions, load_patch_set
 from patchset_fixtures import patches_root, pristine_base, run_main, small_overlay  # noqa: F401
 
 

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from deployer.errors import PatchSetError
-from deployer.export import export_patch_set, sync_differences
-from deployer.gitutil import git, git_out
-from deployer.patchset import load_patch_set
+from deployer.patchset.export import export_patch_set, sync_differences
+from deployer.patchset.local_git import git, git_out
+from deployer.patchset.release import load_patch_set
 from patchset_fixtures import SMALL_CONCERNS, make_overlay, patches_root, pristine_base, run_main, small_overlay  # noqa: F401
 
 

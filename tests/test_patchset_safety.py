@@ -7,8 +7,8 @@ import subprocess
 import pytest
 
 from deployer.errors import ChecksumError, PatchSetError, PathSafetyError
-from deployer.pathsafety import check_path, patch_paths, split_diff_git, unquote_git_path
-from deployer.patchset import load_patch_set, next_version
+from deployer.patchset.path_safety import check_path, patch_paths, split_diff_git, unquote_git_path
+from deployer.patchset.release import load_patch_set, next_version
 from patchset_fixtures import patches_root, pristine_base, run_main, write_raw_set  # noqa: F401
 
 
@@ -158,7 +158,7 @@ def test_next_version_bumps_the_newest_patch_version():
     ("python/link", "120000", "symlink"),
 ])
 def test_verify_refuses_unsafe_sets_before_applying(patches_root, pristine_base, path, mode, words):
-    from deployer.gitutil import git_out
+    from deployer.patchset.local_git import git_out
 
     data = new_file_patch(path, mode=mode).replace(b"a//tmp", b"/tmp").replace(b"b//tmp", b"/tmp")
     write_raw_set(patches_root / "0.1.0", {"0001-ddtree-evil.patch": data}, tree=pristine_base.tree)

@@ -6,11 +6,11 @@ import subprocess
 
 import pytest
 
-from deployer.export import export_patch_set
-from deployer.gitutil import FIXED_IDENTITY, git, git_out
-from deployer.patchset import load_patch_set
-from deployer.paths import overlay_dir
-from deployer.verify import verify_patch_set
+from deployer.patchset.export import export_patch_set
+from deployer.patchset.local_git import FIXED_IDENTITY, git, git_out
+from deployer.patchset.release import load_patch_set
+from deployer.locations import overlay_dir
+from deployer.patchset.verify import verify_patch_set
 from patchset_fixtures import make_overlay, patches_root, pristine_base, run_main, small_overlay  # noqa: F401
 
 SPEC = "python/sglang/srt/arg_groups/fields/spec.py"

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from deployer.base import clone_base
-from deployer.gitutil import git
+from deployer.patchset.sglang_base import clone_base
+from deployer.patchset.local_git import git
 from patchset_fixtures import REAL_WIRING_HUNK, pristine_base  # noqa: F401
 
 PROBE = '''

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from deployer.remote import AGENT_PATH, agent_program, agent_source
+from deployer.transport.agent_client import AGENT_PATH, agent_program, agent_source
 
 
 def test_agent_is_python38_syntax_and_stdlib_only():
@@ -31,11 +31,11 @@ def test_agent_reports_errors_as_json_not_tracebacks(tmp_path):
 
 def test_plan_is_data_computed_before_anything_is_written(tmp_path, patch_sets):
     """The same plan object drives dry-run, push and --json; here on a local checkout, no network."""
-    from deployer.base import clone_base, ensure_base
+    from deployer.patchset.sglang_base import clone_base, ensure_base
     from deployer.cli.views import describe_plan
     from deployer.ops.deploy import Options, plan_host
     from deployer.inventory import local_host
-    from deployer.patchset import load_patch_set
+    from deployer.patchset.release import load_patch_set
 
     checkout = clone_base(tmp_path / "co")
     host = local_host().model_copy(update={"checkout": str(checkout)})

@@ -156,7 +156,7 @@ def test_status_of_a_host_without_a_checkout(hosts, tmp_path, cli):
 @pytest.fixture(scope="session")
 def real_release(tmp_path_factory, _isolated_cache):
     """The latest released DDTree patch set, else one exported from the overlay into a tmp dir."""
-    from deployer.patchset import list_versions, load_patch_set, resolve_dir
+    from deployer.patchset.release import list_versions, load_patch_set, resolve_dir
 
     if list_versions():
         return resolve_dir("latest")
@@ -174,7 +174,7 @@ def real_release(tmp_path_factory, _isolated_cache):
 
 
 def test_real_release_pushes_and_rolls_back(hosts, ddeploy, real_release):
-    from deployer.patchset import load_patch_set
+    from deployer.patchset.release import load_patch_set
 
     ps = load_patch_set(str(real_release))
     h2 = hosts.hosts[1]
@@ -189,7 +189,7 @@ def test_real_release_pushes_and_rolls_back(hosts, ddeploy, real_release):
 
 
 def test_status_shows_kernel_builds_and_last_remote_test(hosts, ddeploy):
-    from deployer.remote import agent
+    from deployer.transport import agent
 
     repo = agent.Repo(str(hosts.hosts[2].checkout))  # the agent's own record writer, run on the checkout
     agent.update_section(repo, "builds", lambda _: {"sm_120": {"ok": True, "version": "0.1.0", "source_hash": "ab"}},

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from deployer.remote import agent
+from deployer.transport import agent
 
 pytestmark = pytest.mark.sshd
 

@@ -83,7 +83,7 @@ def test_refuses_a_host_where_another_set_is_applied_than_requested(cli, fleet, 
 
 
 def test_refuses_a_host_without_a_patch_set(cli, python_hosts, tmp_path):
-    from deployer.base import clone_base
+    from deployer.patchset.sglang_base import clone_base
 
     clone_base(tmp_path / "pristine")
     inv = variant_inventory(python_hosts, tmp_path / "inv", "k1", checkout=str(tmp_path / "pristine"))

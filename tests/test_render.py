@@ -17,9 +17,9 @@ import yaml
 
 from deployer.errors import RenderError, UsageError
 from deployer.inventory import Inventory
-from deployer.paths import HOSTS_DIR, TEMPLATES_DIR
+from deployer.locations import HOSTS_DIR, TEMPLATES_DIR
 from deployer.render import load_profiles, render_plan
-from deployer.render.golden import GOLDEN_DIR, SETS, golden_files
+from golden_files import GOLDEN_DIR, SETS, golden_files
 
 from conftest import run_cli
 
@@ -49,7 +49,7 @@ def _argv(script: str) -> list[str]:
 def test_every_shipped_pair_renders_byte_identical_to_its_golden_file():
     expected = golden_files()
     on_disk = {f"{sub}/{p.name}": p.read_text() for sub, _, _ in SETS for p in (GOLDEN_DIR / sub).iterdir()}
-    assert sorted(on_disk) == sorted(expected), "stale or missing golden files: run python -m deployer.render --update-golden"
+    assert sorted(on_disk) == sorted(expected), "stale or missing golden files: run python tests/golden_files.py --update-golden"
     for rel, text in expected.items():
         assert on_disk[rel] == text, f"{rel} differs from the template output (review, then --update-golden)"
     assert {"shipped/rtx6000-tp8.sh", "shipped/b300-ep8.sh", "shipped/b300-ep4-r1.sh",
@@ -79,7 +79,7 @@ def test_every_rendered_file_passes_bash_n_and_shellcheck():
 @pytest.fixture(scope="session")
 def sglang_parse(tmp_path_factory):
     """Parse argv lists with SGLang 0.5.23's own server-args parser (in a subprocess, ~10 s)."""
-    from deployer.base import ensure_base
+    from deployer.patchset.sglang_base import ensure_base
 
     base = ensure_base().path / "python"
     code = ("import argparse, json, sys\n"

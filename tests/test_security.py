@@ -8,11 +8,11 @@ import re
 
 import pytest
 
-from deployer.connection import open_connection
+from deployer.transport.connection import open_connection
 from deployer.errors import PathSafetyError
 from deployer.inventory import Inventory
-from deployer.paths import PROJECT_ROOT
-from deployer.pathsafety import patch_paths
+from deployer.locations import PROJECT_ROOT
+from deployer.patchset.path_safety import patch_paths
 
 
 @pytest.mark.sshd
@@ -95,7 +95,7 @@ def test_rendered_env_file_is_private(tmp_path, cli):
 def test_push_and_rollback_on_a_checkout_path_full_of_metacharacters(sshd_fleet, patch_sets, tmp_path, cli):
     """The whole flow (rsync of the set, agent, git) treats an odd checkout path as data."""
     import yaml
-    from deployer.base import clone_base
+    from deployer.patchset.sglang_base import clone_base
     from sshd_hosts import STUB
 
     marker = tmp_path / "PWNED"
@@ -119,7 +119,7 @@ def test_rsync_remote_spec_never_means_an_rsync_daemon(address, remote):
     """`a::b` is rsync's daemon syntax: an IPv6 ssh.host must be bracketed for rsync."""
     from types import SimpleNamespace
 
-    from deployer.connection import SSHConnection
+    from deployer.transport.connection import SSHConnection
 
     conn = SimpleNamespace(host=SimpleNamespace(ssh=SimpleNamespace(host=address)))
     assert SSHConnection._remote(conn, "/opt/x y") == remote

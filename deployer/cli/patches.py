@@ -11,14 +11,14 @@ from pathlib import Path
 
 import click
 
-from ..base import fetch_base
+from ..patchset.sglang_base import fetch_base
 from ..errors import ConflictError, OverlayTestsFailed, PatchSetError
-from ..export import export_patch_set
+from ..patchset.export import export_patch_set
 from .output import emit_json, say, table
-from ..paths import active_overlay_dir
-from ..patchset import PatchSet, list_versions, load_patch_set, sets_root
-from ..setdiff import UNCHANGED, diff_sets
-from ..verify import VerifyReport, verify_patch_set
+from ..locations import active_overlay_dir
+from ..patchset.release import PatchSet, list_versions, load_patch_set, sets_root
+from ..patchset.compare import UNCHANGED, diff_sets
+from ..patchset.verify import VerifyReport, verify_patch_set
 from . import cli
 
 

@@ -11,7 +11,7 @@ from ..ops.fleet import HostResult
 from ..ops.deploy import HostStatus
 from ..ops.kernel_build import PushBuild
 from ..patchset import PatchSet
-from ..remote.protocol import (BuildRecord, BuildReply, LockOwner, LockReleaseReply, LockReply, LogReply, Plan,
+from ..transport.protocol import (BuildRecord, BuildReply, LockOwner, LockReleaseReply, LockReply, LogReply, Plan,
                                PlanReply, PushReply, RollbackReply, TestRecord)
 from .output import table
 

@@ -1,6 +1,6 @@
 """Deploy operations on one host: plan, push, status, rollback, log, lock status/release.
 
-Each is one agent session (one SSH connection): the agent (deployer/remote/agent.py) does the
+Each is one agent session (one SSH connection): the agent (deployer/transport/agent.py) does the
 host-side work as one transaction and owns the on-disk format; this module only builds requests
 and returns the typed replies.
 """
@@ -16,8 +16,8 @@ from typing import Any
 from ..errors import ConflictError, DriftError
 from ..inventory import Host
 from ..patchset import PatchSet
-from ..remote import AgentSession, agent_session
-from ..remote.protocol import (Applied, BuildRecord, LockOwner, LockReleaseReply, LockReply, LogReply, PlanReply,
+from ..transport.agent_client import AgentSession, agent_session
+from ..transport.protocol import (Applied, BuildRecord, LockOwner, LockReleaseReply, LockReply, LogReply, PlanReply,
                                PushReply, Record, Reply, RollbackReply, StatusReply, TestRecord)
 from .outcome import Outcome, Say
 
@@ -55,7 +55,7 @@ def session(host: Host, opts: Options):
 def ensure_local_checkout(host: Host, say: Say) -> None:
     """The built-in `local` host's checkout is a clone of the pristine base, made on first use."""
     if host.is_local and not (Path(host.checkout) / ".git").exists():
-        from ..base import clone_base
+        from ..patchset.sglang_base import clone_base
 
         say(f"first use: creating {host.checkout} from the pristine SGLang base (builds the base if needed)")
         clone_base(Path(host.checkout))

@@ -1,6 +1,6 @@
 """`ddeploy build`: compile the DDTree JIT kernels in place on a host, for the host's GPU arch.
 
-The agent does it all on the host in one call (deployer/remote/agent.py, "kernel builds"): facts
+The agent does it all on the host in one call (deployer/transport/agent.py, "kernel builds"): facts
 (the applied set, the host python importing sglang from the checkout, nvidia-smi against the
 inventory's gpu.arch, CUDA_HOME / nvcc version / --list-gpu-arch, the kernel-source hash), the
 plan (cache key = source hash, arch, nvcc; one JIT cache directory per source hash under
@@ -17,8 +17,8 @@ from typing import Any
 from ..errors import BuildError
 from ..inventory import Host
 from ..patchset import PatchSet
-from ..remote import AgentSession, agent_session
-from ..remote.protocol import BuildReply, PushReply, Record, SourcesReply, Target
+from ..transport.agent_client import AgentSession, agent_session
+from ..transport.protocol import BuildReply, PushReply, Record, SourcesReply, Target
 from .deploy import Options, ensure_local_checkout, push_with
 from .outcome import Outcome, Say
 

@@ -14,8 +14,8 @@ from contextlib import ExitStack
 from typing import Any, Callable
 
 from ..inventory import Host
-from ..remote import AgentSession, agent_session
-from ..remote.protocol import HostState, LaunchReply, LogsReply, StateReply, StopReply
+from ..transport.agent_client import AgentSession, agent_session
+from ..transport.protocol import HostState, LaunchReply, LogsReply, StateReply, StopReply
 from ..render import RenderedUnit, launch_dir_for, render_hosts
 
 HostSay = Callable[[str, str], None]  # (message, host)

@@ -16,13 +16,13 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..connection import LocalConnection
+from ..transport.connection import LocalConnection
 from ..errors import DeployError, OverlayTestsFailed
 from ..inventory import Host, local_host
 from ..patchset import PatchSet
-from ..paths import active_overlay_dir, cache_dir
-from ..remote import agent_session
-from ..remote.protocol import TestRecord, TestReply
+from ..locations import active_overlay_dir, cache_dir
+from ..transport.agent_client import agent_session
+from ..transport.protocol import TestRecord, TestReply
 from .outcome import Outcome, Say
 
 TEST_DIR = "test/srt/ddtree"

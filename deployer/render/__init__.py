@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import RenderError
 from ..inventory import Host, Inventory
 from . import validate
-from .engine import ENV_TEMPLATE, SCRIPT_TEMPLATE, environment, render_template
+from .jinja import ENV_TEMPLATE, SCRIPT_TEMPLATE, environment, render_template
 from .profiles import HardwareProfile, Profiles, Topology, load_profiles
 from .values import Value, host_facts, parse_sets, plain, resolve
 

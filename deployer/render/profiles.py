@@ -10,7 +10,7 @@ import yaml
 
 from ..errors import RenderError
 from ..inventory import NAME_RE, Host
-from ..paths import TEMPLATES_DIR
+from ..locations import TEMPLATES_DIR
 
 
 @dataclass(frozen=True)

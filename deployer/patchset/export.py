@@ -20,13 +20,13 @@ from pathlib import Path
 
 import yaml
 
-from .base import Base, clone_base, ensure_base
-from .concerns import HUNKS_DIR, Concern, Overlay, assign_files, load_overlay
-from .errors import PatchSetError, UsageError
-from .gitutil import FIXED_IDENTITY, git, git_out
-from .pathsafety import patch_paths
-from .setdiff import compare_patch
-from .patchset import VERSION_RE, list_versions, load_patch_set, next_version, sha256_bytes
+from .sglang_base import Base, clone_base, ensure_base
+from .overlay import HUNKS_DIR, Concern, Overlay, assign_files, load_overlay
+from ..errors import PatchSetError, UsageError
+from .local_git import FIXED_IDENTITY, git, git_out
+from .path_safety import patch_paths
+from .compare import compare_patch
+from .release import VERSION_RE, list_versions, load_patch_set, next_version, sha256_bytes
 
 # No user/system git config may change commits or format-patch output.
 EXPORT_ENV = {**FIXED_IDENTITY, "GIT_CONFIG_GLOBAL": os.devnull}

@@ -4,16 +4,37 @@ Run as `<python> -c <this source> OP` with a JSON request on stdin; prints one J
 stdout ({"ok": true, ...} or {"ok": false, "error": {"kind", "message"}}) and progress lines on
 stderr. OPs: status, state, plan, push, rollback, log, lock-status, lock-release (deploys), sources,
 build (kernel builds), test (overlay tests), launch, logs, stop (launched servers). The client
-runs it as `python - OP` with this source and the call on stdin (deployer/remote/__init__.py),
+runs it as `python - OP` with this source and the call on stdin (deployer/transport/agent_client.py),
 or it runs as `python agent.py OP` with the request on stdin; the reply shapes
-are the pydantic models of deployer/remote/protocol.py.
+are the pydantic models of deployer/transport/protocol.py.
 
 Why one program on the host: a push is a single round trip and a single transaction. Patch
 commits are built in a private index (the work tree is untouched until they all exist), the switch
 of the work tree is idempotent (per-file checkout of the target commit), and a journal written
 before the switch lets any later run roll it forward. SIGHUP/SIGPIPE are ignored so a cut SSH
 connection does not stop a transaction halfway. The state record's compare-and-swap on
-refs/ddeploy/state is the commit point (schema: deployer/state.py).
+refs/ddeploy/state is the commit point.
+
+This program alone reads and writes the host's records (the client only sees its replies):
+    refs/ddeploy/state      a chain of commits (parent = the previous record) whose tree holds one
+                            file, state.json; every change is a new commit installed with a
+                            compare-and-swap, so concurrent writers never lose each other's
+                            updates, and the chain is the history (`ddeploy log`)
+    refs/ddeploy/versions/V head commit of version V as last applied (`rollback --to V`)
+    refs/ddeploy/pre-deploy the recorded pre-deploy commit while a version is applied
+    refs/ddeploy/saved/*    hand edits saved by --force (a commit on top of the HEAD they were on)
+    .git/ddeploy/lock/      the checkout's lock: atomic mkdir, owner.json {by, user, host, pid,
+                            time, command}; a lock whose pid is gone on this host is stale and is
+                            broken by the next command that needs the lock
+    .git/ddeploy/journal.json  a transaction switched halfway; the next run rolls it forward
+    .git/ddeploy/sets/      shipped patch sets; test-reports/, pycache/ (kept out of the work tree)
+    <launch_dir>/launch.json   the last launch (topology, units with pid, start time, log, state)
+state.json (schema 1; absent keys mean "never happened"): applied {name, version, fingerprint,
+patches [{name, sha256, commit}], files, head, tree, three_way, by, at}, pre_deploy {commit,
+tree, branch}, last {action, version, from, by, at, saved}, builds {arch: {ok, nvcc, cuda_home,
+source_hash, cache_dir, version, at, modules, known}}, tests {ok, rc, version, k, at, report,
+tests, passed, failed, errors, skipped, duration, summary}; the client's models of these are in
+deployer/transport/protocol.py.
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ import paramiko
 from paramiko.ssh_exception import (AuthenticationException, BadHostKeyException, NoValidConnectionsError,
                                     SSHException)
 
-from .errors import ConnectError, RemoteCommandError
-from .inventory import Host
+from ..errors import ConnectError, RemoteCommandError
+from ..inventory import Host
 
 Stream = Callable[[str], None]
 # paramiko's transport thread logs its own tracebacks (e.g. a banner timeout) through the root

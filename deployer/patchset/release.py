@@ -26,9 +26,9 @@ from pathlib import Path
 
 import yaml
 
-from .errors import ChecksumError, PatchSetError
-from .pathsafety import patch_paths
-from .paths import PATCH_SET_NAME, patch_set_root
+from ..errors import ChecksumError, PatchSetError
+from .path_safety import patch_paths
+from ..locations import PATCH_SET_NAME, patch_set_root
 
 VERSION_RE = re.compile(r"^\d+\.\d+\.\d+\Z")
 

@@ -16,11 +16,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .base import clone_base, ensure_base
-from .errors import BaseTreeError
+from .sglang_base import clone_base, ensure_base
+from ..errors import BaseTreeError
 from .export import EXPORT_ENV
-from .gitutil import git, git_out
-from .patchset import Patch, PatchSet
+from .local_git import git, git_out
+from .release import Patch, PatchSet
 
 CLEAN, CONFLICT, NOT_REACHED = "clean", "conflict", "not reached"
 # Index-only: the scratch clone has no checkout until the tests need one; same strict matching.

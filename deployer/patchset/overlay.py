@@ -25,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from .errors import PatchSetError
-from .pathsafety import check_path
+from ..errors import PatchSetError
+from .path_safety import check_path
 
 CONCERNS_FILE = "concerns.yaml"
 HUNKS_DIR = "hunks"

@@ -14,9 +14,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import BaseTreeError
-from .gitutil import FIXED_IDENTITY, git, git_env, git_out
-from .paths import cache_dir
+from ..errors import BaseTreeError
+from .local_git import FIXED_IDENTITY, git, git_env, git_out
+from ..locations import cache_dir
 
 SGLANG_VERSION = "0.5.23"
 # `git rev-parse HEAD^{tree}` of the base built from sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl.

@@ -1,9 +1,9 @@
-"""Talk to the host-side agent (deployer/remote/agent.py): one JSON request in, one JSON reply out.
+"""Talk to the host-side agent (deployer/transport/agent.py): one JSON request in, one JSON reply out.
 
 The agent is stdlib-only and runs with the host's inventory `python` as `python - OP`: its
 source and, as a last line, the call with the request come on stdin, so nothing has to be
 installed on a host, client and agent can never be out of step, and neither the source nor the
-request shows in `ps` on the host. Every reply is validated into its model from deployer/remote/protocol.py.
+request shows in `ps` on the host. Every reply is validated into its model from deployer/transport/protocol.py.
 
     with agent_session(host, accept_new_host_keys=False) as agent:   # one SSH connection
         status = agent.call("status", {}, StatusReply, stream=say)
@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 from .. import errors
-from ..connection import Connection, last_line, open_connection
 from ..inventory import Host
+from .connection import Connection, last_line, open_connection
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
 R = TypeVar("R")

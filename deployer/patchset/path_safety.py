@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import PurePosixPath
 
-from .errors import PathSafetyError
+from ..errors import PathSafetyError
 
 _HUNK = re.compile(rb"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 _MODE = re.compile(rb"^(?:new file mode|deleted file mode|old mode|new mode|index [0-9a-f]+\.\.[0-9a-f]+) ?(\d{6})?\s*$")

@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from .errors import DeployError
+from ..errors import DeployError
 
 # Fixed identity/dates make commits we create reproducible byte for byte.
 FIXED_IDENTITY = {

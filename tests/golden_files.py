@@ -1,17 +1,20 @@
 """Golden files: every shipped (host, topology) pair rendered, for tests/golden/ (review by eye).
 
-`python -m deployer.render --update-golden` rewrites them; the tests compare byte for byte.
+`python tests/golden_files.py --update-golden` rewrites them; tests/test_render.py compares them
+byte for byte. Test tooling: it is not part of the installed package.
 """
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
-from ..inventory import Inventory
-from ..paths import HOSTS_DIR, PROJECT_ROOT
-from . import render_all
+from deployer.inventory import Inventory
+from deployer.render import render_all
 
-GOLDEN_DIR = PROJECT_ROOT / "tests" / "golden"
+PROJECT = Path(__file__).resolve().parent.parent
+HOSTS_DIR = PROJECT / "hosts"
+GOLDEN_DIR = PROJECT / "tests" / "golden"
 # (subdir, inventory, multi-node only): shipped hosts, and two-node groups from a test inventory.
 SETS = (("shipped", HOSTS_DIR, False), ("multinode", GOLDEN_DIR / "inventory", True))
 
@@ -43,3 +46,17 @@ def update_golden(root: Path = GOLDEN_DIR) -> list[Path]:
         path.chmod(0o755 if rel.endswith(".sh") else 0o644)
         written.append(path)
     return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python tests/golden_files.py")
+    parser.add_argument("--update-golden", action="store_true", help="rewrite tests/golden/ from the templates")
+    args = parser.parse_args()
+    if not args.update_golden:
+        parser.error("nothing to do (pass --update-golden)")
+    for path in update_golden():
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
