@@ -23,15 +23,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+from ..documents import ConcernsDoc, load_document
 from ..errors import PatchSetError
 from .path_safety import check_path
 
 CONCERNS_FILE = "concerns.yaml"
 HUNKS_DIR = "hunks"
 DEFAULT_IGNORE = ("**/__pycache__/**", "**/*.pyc", "**/.pytest_cache/**", "**/.DS_Store")
-_ID_RE = re.compile(r"^[a-z0-9][a-z0-9-]*\Z")
 
 
 @dataclass(frozen=True)
@@ -82,46 +80,16 @@ def matches(pattern: str, path: str) -> bool:
     return glob_regex(pattern).match(path) is not None
 
 
-def _field_list(entry: dict, key: str, where: str) -> tuple[str, ...]:
-    value = entry.get(key) or []
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise PatchSetError(f"{where}: '{key}' must be a list of non-empty strings")
-    return tuple(value)
-
-
-def _parse_concern(entry: object, where: str) -> Concern:
-    if not isinstance(entry, dict):
-        raise PatchSetError(f"{where}: each concern must be a mapping with id, title, description")
-    cid, title = str(entry.get("id") or ""), str(entry.get("title") or "").strip()
-    if not _ID_RE.match(cid):
-        raise PatchSetError(f"{where}: concern id {cid!r} must be lower-case letters, digits and '-'")
-    if not title or "\n" in title:
-        raise PatchSetError(f"{where}: concern {cid}: 'title' must be one non-empty line")
-    description = str(entry.get("description") or "").strip()
-    if not description:
-        raise PatchSetError(f"{where}: concern {cid}: 'description' (what the patch is for) is required")
-    return Concern(cid, title, description, _field_list(entry, "files", f"{where}: concern {cid}"),
-                   _field_list(entry, "hunks", f"{where}: concern {cid}"))
-
-
 def load_overlay(path: Path) -> Overlay:
-    """Read and check `<overlay>/concerns.yaml`."""
+    """Read and check `<overlay>/concerns.yaml` (deployer.documents.ConcernsDoc)."""
     cfile = path / CONCERNS_FILE
-    try:
-        data = yaml.safe_load(cfile.read_text())
-    except FileNotFoundError:
-        raise PatchSetError(f"{cfile}: missing; the overlay needs its list of concerns") from None
-    except yaml.YAMLError as exc:
-        raise PatchSetError(f"{cfile}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("concerns"), list) or not data["concerns"]:
-        raise PatchSetError(f"{cfile}: expected a mapping with a non-empty 'concerns' list")
-    concerns = tuple(_parse_concern(e, str(cfile)) for e in data["concerns"])
-    ids = [c.id for c in concerns]
+    doc = load_document(cfile, ConcernsDoc, PatchSetError, "file; the overlay needs its list of concerns")
+    ids = [c.id for c in doc.concerns]
     dup = sorted({c for c in ids if ids.count(c) > 1})
     if dup:
-        raise PatchSetError(f"{cfile}: concern ids must be unique, repeated: {', '.join(dup)}")
-    ignore = DEFAULT_IGNORE + _field_list(data, "ignore", str(cfile))
-    return Overlay(str(data.get("name") or path.name), path, concerns, ignore)
+        raise PatchSetError(f"{cfile}: concerns: ids must be unique, repeated: {', '.join(dup)}")
+    concerns = tuple(Concern(c.id, c.title, c.description, tuple(c.files), tuple(c.hunks)) for c in doc.concerns)
+    return Overlay(doc.name or path.name, path, concerns, DEFAULT_IGNORE + tuple(doc.ignore))
 
 
 def overlay_files(overlay: Overlay) -> list[str]:

@@ -24,8 +24,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from ..documents import ManifestDoc, load_document
 from ..errors import ChecksumError, PatchSetError
 from .path_safety import patch_paths
 from ..locations import PATCH_SET_NAME, patch_set_root
@@ -124,24 +123,8 @@ def _reason(exc: Exception) -> str:
     return "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else (exc.strerror or str(exc))
 
 
-def _read_manifest(path: Path) -> dict:
-    mf = path / "manifest.yaml"
-    try:
-        data = yaml.safe_load(mf.read_text())
-    except FileNotFoundError:
-        raise PatchSetError(f"{mf}: missing manifest") from None
-    except yaml.YAMLError as exc:
-        raise PatchSetError(f"{mf}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PatchSetError(f"{mf}: cannot read the manifest ({_reason(exc)})") from None
-    if not isinstance(data, dict):
-        raise PatchSetError(f"{mf}: expected a mapping at the top level")
-    for key in ("name", "version", "base", "patches"):
-        if key not in data:
-            raise PatchSetError(f"{mf}: missing field '{key}'")
-    if not isinstance(data["patches"], list) or not isinstance(data["base"], dict):
-        raise PatchSetError(f"{mf}: 'patches' must be a list and 'base' a mapping")
-    return data
+def _read_manifest(path: Path) -> ManifestDoc:
+    return load_document(path / "manifest.yaml", ManifestDoc, PatchSetError, "manifest")
 
 
 def _read_series(path: Path) -> list[str]:
@@ -162,26 +145,21 @@ def load_patch_set(spec: str | Path | None = None, name: str = PATCH_SET_NAME,
     path = resolve_dir(spec, name, root)
     manifest = _read_manifest(path)
     series = _read_series(path)
-    entries = manifest["patches"]
-    listed = [str(e.get("name")) if isinstance(e, dict) else "?" for e in entries]
+    listed = [e.name for e in manifest.patches]
     if listed != series:
         raise PatchSetError(f"{path}: series {series} does not match manifest patches {listed}")
     patches = []
-    for entry in entries:
-        pname = str(entry["name"])
-        if "/" in pname or pname.startswith("."):
-            raise PatchSetError(f"{path}: patch name {pname!r} must be a plain file name")
-        file = path / pname
+    for entry in manifest.patches:
+        file = path / entry.name
         if not file.is_file():
-            raise PatchSetError(f"{path}: patch {pname} listed in series is missing")
+            raise PatchSetError(f"{path}: patch {entry.name} listed in series is missing")
         data = file.read_bytes()
         actual = sha256_bytes(data)
-        if actual != entry.get("sha256"):
-            raise ChecksumError(f"patch {pname} in {path} was modified: sha256 {actual[:12]}… does not "
-                                f"match the manifest's {str(entry.get('sha256'))[:12]}…; refusing to use it")
-        files = patch_paths(data, patch=pname)
-        patches.append(Patch(pname, str(entry.get("concern", "")), actual, tuple(files), data))
-    base = manifest["base"]
-    return PatchSet(name=str(manifest["name"]), version=str(manifest["version"]),
-                    created=str(manifest.get("created", "")), base_version=str(base.get("sglang", "")),
-                    base_tree=str(base.get("tree", "")), patches=tuple(patches), path=path)
+        if actual != entry.sha256:
+            raise ChecksumError(f"patch {entry.name} in {path} was modified: sha256 {actual[:12]}… does not "
+                                f"match the manifest's {entry.sha256[:12]}…; refusing to use it")
+        files = patch_paths(data, patch=entry.name)
+        patches.append(Patch(entry.name, entry.concern, actual, tuple(files), data))
+    return PatchSet(name=manifest.name, version=manifest.version, created=manifest.created,
+                    base_version=manifest.base.sglang, base_tree=manifest.base.tree, patches=tuple(patches),
+                    path=path)
