@@ -16,8 +16,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .documents import field_error
 from .errors import InventoryError
-from .locations import HOSTS_DIR, cache_dir
+from .locations import cache_dir, inventory_candidates
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 ARCH_RE = re.compile(r"^sm_(\d+)(\d)([af]?)\Z")
@@ -136,6 +137,15 @@ class Host(_Strict):
         return self.connection == "local"
 
 
+def find_inventory_dir() -> Path:
+    candidates = inventory_candidates()
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    raise InventoryError(f"no inventory: none of {', '.join(str(c) for c in candidates)} exists; pass "
+                         f"-i DIR or set DDEPLOY_HOSTS_DIR (a directory of host YAML files, docs/inventory.md)")
+
+
 def local_host() -> Host:
     """The built-in host: this machine, checkout in the user's cache, made from the base on first use."""
     checkout = cache_dir() / "local" / "sglang"
@@ -148,14 +158,6 @@ def local_host() -> Host:
                 groups=("local",))
 
 
-def _format_validation(err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(x) for x in first["loc"]) or "(top level)"
-    msg = first["msg"].removeprefix("Value error, ")
-    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    return f"field {loc}: {msg}{more}"
-
-
 def parse_host(data: object, source: str, index: int | None = None) -> Host:
     where = source if index is None else f"{source}[{index}]"
     if not isinstance(data, dict):
@@ -164,7 +166,7 @@ def parse_host(data: object, source: str, index: int | None = None) -> Host:
     try:
         return Host.model_validate({**data, "source": source})
     except ValidationError as exc:
-        raise InventoryError(f"{where}: host '{name}': {_format_validation(exc)}") from None
+        raise InventoryError(f"{where}: host '{name}': field {field_error(exc)}") from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -213,7 +215,9 @@ class Inventory:
 
     @classmethod
     def load(cls, directory: Path | str | None = None) -> "Inventory":
-        directory = Path(directory or os.environ.get("DDEPLOY_HOSTS_DIR") or HOSTS_DIR)
+        """From `directory` (-i), else $DDEPLOY_HOSTS_DIR, else the first of ./hosts,
+        <config>/ddeploy/hosts and the project checkout's hosts/ that exists (docs/inventory.md)."""
+        directory = Path(directory or os.environ.get("DDEPLOY_HOSTS_DIR") or find_inventory_dir())
         if not directory.is_dir():
             raise InventoryError(f"inventory directory {directory} does not exist")
         hosts = [local_host()]

@@ -161,3 +161,17 @@ def test_the_jit_cache_comes_from_a_good_build_of_the_applied_version():
     assert build_cache_dir(state, "sm_103") == (None, "no kernel build recorded for sm_103")
     assert build_cache_dir({**state, "applied": _applied("0.3.0")}, "sm_120")[0] is None
     assert build_cache_dir({"applied": None}, "sm_120") == (None, "no patch set applied")
+
+
+def test_an_unreadable_launch_record_is_an_error_not_nothing_launched(ddeploy, hosts):
+    """A record that cannot be read (here a directory: root reads files of any mode) never reads as
+    'nothing was launched', which would let launch start a second server beside the first."""
+    launch_dir = _launch_dir(hosts.host("h3"))
+    (launch_dir / "launch.json").mkdir(parents=True)
+    try:
+        for args in (("logs",), ("stop",), ("launch", "-t", "tp8")):
+            r = ddeploy(*args, "--host", "h3")
+            assert r.code == 7, r.stderr
+            assert f"[h3] cannot read the launch record {launch_dir / 'launch.json'}" in r.stderr
+    finally:
+        shutil.rmtree(launch_dir)

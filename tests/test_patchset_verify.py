@@ -28,6 +28,20 @@ def test_verify_applies_cleanly_confirms_and_runs_the_tests_from_the_patched_tre
     assert lines[-1] == "ddtree/0.1.0: OK"
 
 
+def test_verify_without_sglangs_runtime_refuses_up_front_naming_what_is_missing(small_overlay, patches_root,
+                                                                              monkeypatch):
+    """The light venv lacks SGLang's runtime: one line and the fix, not a KeyError from its package init."""
+    from deployer.patchset import verify
+
+    export_patch_set(small_overlay, patches_root, date="2026-11-29")
+    monkeypatch.setattr(verify, "SGLANG_RUNTIME", ("numpy", "ddeploy_no_such_package"))
+    r = run_main("patches", "verify")
+    assert r.code == 2, r.stderr
+    assert "lacks its runtime packages: ddeploy_no_such_package; run `bash scripts/setup-venv.sh --full`" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert run_main("patches", "verify", "--no-tests").code == 0  # the rest of verify needs none of it
+
+
 def test_failing_overlay_tests_fail_verify(tmp_path, patches_root):
     overlay = make_overlay(tmp_path / "overlay", expected=6)
     export_patch_set(overlay, patches_root, date="2026-11-29")

@@ -9,6 +9,7 @@ The base itself is only ever cloned, never modified.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -17,12 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .sglang_base import clone_base, ensure_base
-from ..errors import BaseTreeError
+from ..errors import BaseTreeError, UsageError
 from .export import EXPORT_ENV
 from .local_git import git, git_out
 from .release import Patch, PatchSet
 
 CLEAN, CONFLICT, NOT_REACHED = "clean", "conflict", "not reached"
+# What importing the patched tree's `sglang` package needs (its __init__ imports these); without
+# them the overlay tests die half-way through SGLang's package init, so verify refuses up front.
+SGLANG_RUNTIME = ("numpy", "orjson", "psutil", "pybase64", "requests", "triton", "PIL", "starlette", "msgspec",
+                  "pydantic", "zmq", "tqdm", "IPython", "aiohttp", "tvm_ffi", "transformers", "dill",
+                  "sentencepiece", "compressed_tensors", "gguf", "openai", "partial_json_parser", "einops", "torch")
 # Index-only: the scratch clone has no checkout until the tests need one; same strict matching.
 _APPLY_ARGS = ("apply", "--cached", "--whitespace=nowarn")
 _ERROR_SUFFIXES = (": patch does not apply", ": already exists in working directory",
@@ -149,11 +155,26 @@ def run_overlay_tests(work: Path, ps: PatchSet, timeout: float) -> tuple[TestRun
     return TestRun(proc.returncode, lines[-1] if lines else f"pytest exited {proc.returncode}", out), ""
 
 
+def missing_runtime() -> list[str]:
+    """SGLang's runtime packages this python lacks (the light venv of scripts/setup-venv.sh)."""
+    return [name for name in SGLANG_RUNTIME if importlib.util.find_spec(name) is None]
+
+
+def check_test_runtime() -> None:
+    missing = missing_runtime()
+    if missing:
+        raise UsageError(f"the overlay tests import the patched SGLang, and this python ({sys.executable}) lacks "
+                         f"its runtime packages: {', '.join(missing)}; run `bash scripts/setup-venv.sh --full`, "
+                         f"or pass --no-tests")
+
+
 def verify_patch_set(ps: PatchSet, *, against: Path | None = None, run_tests: bool = True,
                      tests_timeout: float = 1800.0) -> VerifyReport:
     """Verify ps (already checksum- and path-checked by its loader) on a clone of the base.
 
     `against`: another git checkout to clone and apply to instead of the pristine base (only read)."""
+    if run_tests:
+        check_test_runtime()
     if against is None:
         base = ensure_base(ps.base_version)
         if ps.base_tree and base.tree != ps.base_tree:
