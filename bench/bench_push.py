@@ -29,8 +29,19 @@ from deployer.cli.output import table  # noqa: E402
 
 
 def push(fleet: SshdFleet, names: list[str], version: str, parallel: int) -> tuple[float, list[dict]]:
-    args = [sys.executable, "-c", "from deployer.cli import main; main()", "-i", str(fleet.inventory_dir), "push",
-            "--version", version, "--parallel", str(parallel), "--json"]
+    args = [
+        sys.executable,
+        "-c",
+        "from deployer.cli import main; main()",
+        "-i",
+        str(fleet.inventory_dir),
+        "push",
+        "--version",
+        version,
+        "--parallel",
+        str(parallel),
+        "--json",
+    ]
     for n in names:
         args += ["--host", n]
     t0 = time.perf_counter()
@@ -57,8 +68,9 @@ def main() -> None:
         version = args.version or str(build_test_patch_sets(Path(tmp) / "sets")["v2"])
         t0 = time.perf_counter()
         fleet = SshdFleet.start(Path(tmp) / "hosts", count=max(sizes), first_octet=31, prefix="b")
-        print(f"started {max(sizes)} sshd hosts with their checkouts in {time.perf_counter() - t0:.1f}s",
-              file=sys.stderr)
+        print(
+            f"started {max(sizes)} sshd hosts with their checkouts in {time.perf_counter() - t0:.1f}s", file=sys.stderr
+        )
         rows = []
         try:
             for n in sizes:
@@ -69,12 +81,23 @@ def main() -> None:
                 assert all(r["changed"] for r in results)
                 noop, again = push(fleet, names, version, args.parallel)
                 assert not any(r["changed"] for r in again)
-                rows.append([str(n), f"{wall:.2f}", f"{sum(per) / n:.2f}", f"{max(per):.2f}", f"{noop:.2f}",
-                             f"{sum(r['duration_s'] for r in again) / n:.2f}"])
+                rows.append(
+                    [
+                        str(n),
+                        f"{wall:.2f}",
+                        f"{sum(per) / n:.2f}",
+                        f"{max(per):.2f}",
+                        f"{noop:.2f}",
+                        f"{sum(r['duration_s'] for r in again) / n:.2f}",
+                    ]
+                )
         finally:
             fleet.close()
-    print(table(rows, ["hosts", "push wall s", "per host mean s", "per host max s", "no-op push wall s",
-                       "no-op per host s"]))
+    print(
+        table(
+            rows, ["hosts", "push wall s", "per host mean s", "per host max s", "no-op push wall s", "no-op per host s"]
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ class _Doc(BaseModel):
 
 # --- manifest.yaml ------------------------------------------------------------------------------
 
+
 class ManifestBase(_Doc):
     sglang: str
     tree: str
@@ -112,6 +113,7 @@ class ManifestDoc(_Doc):
 
 
 # --- concerns.yaml ------------------------------------------------------------------------------
+
 
 class ConcernDoc(_Doc):
     id: str
@@ -167,6 +169,7 @@ class ConcernsDoc(_Doc):
 
 
 # --- templates/*.yaml ---------------------------------------------------------------------------
+
 
 class HardwareMatch(_Doc):
     arch: str

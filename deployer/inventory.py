@@ -142,8 +142,10 @@ def find_inventory_dir() -> Path:
     for candidate in candidates:
         if candidate.is_dir():
             return candidate
-    raise InventoryError(f"no inventory: none of {', '.join(str(c) for c in candidates)} exists; pass "
-                         f"-i DIR or set DDEPLOY_HOSTS_DIR (a directory of host YAML files, docs/inventory.md)")
+    raise InventoryError(
+        f"no inventory: none of {', '.join(str(c) for c in candidates)} exists; pass "
+        f"-i DIR or set DDEPLOY_HOSTS_DIR (a directory of host YAML files, docs/inventory.md)"
+    )
 
 
 def local_host() -> Host:
@@ -151,11 +153,16 @@ def local_host() -> Host:
     checkout = cache_dir() / "local" / "sglang"
     # This venv's python with the checkout first on its path: what `pip install -e` would give,
     # without touching the venv.
-    return Host(name="local", connection="local",
-                gpu=GPUSpec(model="local", count=1, arch=os.environ.get("DDEPLOY_LOCAL_ARCH", "sm_120")),
-                interconnect="pcie", checkout=str(checkout), python=sys.executable,
-                env={"PYTHONPATH": str(checkout / "python"), "DDEPLOY_JIT_CACHE_ROOT": str(cache_dir() / "jit")},
-                groups=("local",))
+    return Host(
+        name="local",
+        connection="local",
+        gpu=GPUSpec(model="local", count=1, arch=os.environ.get("DDEPLOY_LOCAL_ARCH", "sm_120")),
+        interconnect="pcie",
+        checkout=str(checkout),
+        python=sys.executable,
+        env={"PYTHONPATH": str(checkout / "python"), "DDEPLOY_JIT_CACHE_ROOT": str(cache_dir() / "jit")},
+        groups=("local",),
+    )
 
 
 def parse_host(data: object, source: str, index: int | None = None) -> Host:
@@ -241,8 +248,9 @@ class Inventory:
             known = ", ".join(sorted(self.hosts))
             raise InventoryError(f"unknown host '{name}' (known: {known})") from None
 
-    def select(self, names: tuple[str, ...] | list[str] = (), groups: tuple[str, ...] | list[str] = (),
-               all_hosts: bool = False) -> list[Host]:
+    def select(
+        self, names: tuple[str, ...] | list[str] = (), groups: tuple[str, ...] | list[str] = (), all_hosts: bool = False
+    ) -> list[Host]:
         """Hosts by name, group or all (excluding `local` from --all); order kept, no duplicates."""
         if all_hosts:
             return [h for h in self.hosts.values() if not h.is_local]

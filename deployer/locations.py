@@ -68,8 +68,10 @@ def active_overlay_dir() -> Path:
     if project_checkout() is None:
         from .errors import UsageError
 
-        raise UsageError("no overlay: this ddeploy is installed without its project checkout; pass --overlay DIR "
-                         "or set DDEPLOY_OVERLAY_DIR")
+        raise UsageError(
+            "no overlay: this ddeploy is installed without its project checkout; pass --overlay DIR "
+            "or set DDEPLOY_OVERLAY_DIR"
+        )
     return overlay_dir()
 
 

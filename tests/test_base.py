@@ -52,8 +52,10 @@ def copied_base(empty_cache, pristine_base):
     return repo
 
 
+@pytest.mark.slow  # several seconds: a full verify / base rebuild
 def test_corruption_is_detected_and_rebuild_works_offline_from_the_cached_wheel(
-        copied_base, empty_cache, wheel, monkeypatch):
+    copied_base, empty_cache, wheel, monkeypatch
+):
     assert run_main("base", "fetch").code == 0  # a good base is only verified, not rebuilt
     target = copied_base / VERSION_FILE
     target.write_text(target.read_text() + "# edited\n")

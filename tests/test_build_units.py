@@ -9,7 +9,14 @@ import pytest
 
 from deployer.ops.overlay_tests import parse_junit
 from deployer.locations import OVERLAYS_DIR
-from deployer.transport.agent import Fail, Toolkit, check_toolkit_supports, junit_totals, parse_nvcc_version, parse_nvidia_smi
+from deployer.transport.agent import (
+    Fail,
+    Toolkit,
+    check_toolkit_supports,
+    junit_totals,
+    parse_nvcc_version,
+    parse_nvidia_smi,
+)
 
 NVCC_12_9 = """nvcc: NVIDIA (R) Cuda compiler driver
 Copyright (c) 2005-2025 NVIDIA Corporation
@@ -22,8 +29,14 @@ Build cuda_12.9.r12.9/compiler.36037853_0
 def host(arch: str) -> dict:
     """The inventory facts the agent gets for a host (deployer.ops.kernel_build.target)."""
     major, minor = int(arch[3:-1]), int(arch[-1])
-    return {"name": "h", "source": "hosts/h.yaml", "python": "python3", "arch": arch, "capability": [major, minor],
-            "model": "m"}
+    return {
+        "name": "h",
+        "source": "hosts/h.yaml",
+        "python": "python3",
+        "arch": arch,
+        "capability": [major, minor],
+        "model": "m",
+    }
 
 
 def test_nvidia_smi_csv_is_parsed_per_gpu():
@@ -41,8 +54,10 @@ def test_nvcc_version_is_read_from_the_release_line():
     assert parse_nvcc_version("garbage") is None
 
 
-@pytest.mark.parametrize("arch,version,ok", [("sm_120", (12, 8), True), ("sm_100", (12, 7), False),
-                                             ("sm_103", (12, 8), False), ("sm_103", (12, 9), True)])
+@pytest.mark.parametrize(
+    "arch,version,ok",
+    [("sm_120", (12, 8), True), ("sm_100", (12, 7), False), ("sm_103", (12, 8), False), ("sm_103", (12, 9), True)],
+)
 def test_minimum_nvcc_per_arch(arch, version, ok):
     toolkit = Toolkit("/usr/local/cuda", version, None)
     if ok:
@@ -60,8 +75,10 @@ def test_the_arch_list_of_nvcc_is_checked_too():
 
 def test_junit_totals(tmp_path):
     report = tmp_path / "r.xml"
-    report.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest" errors="1" failures="2" '
-                      'skipped="3" tests="10" time="4.5"></testsuite></testsuites>')
+    report.write_text(
+        '<?xml version="1.0"?><testsuites><testsuite name="pytest" errors="1" failures="2" '
+        'skipped="3" tests="10" time="4.5"></testsuite></testsuites>'
+    )
     summary = parse_junit(report)
     assert (summary.passed, summary.failed, summary.errors, summary.skipped) == (4, 2, 1, 3)
     assert not summary.ok and summary.describe() == "4 passed, 2 failed, 3 skipped, 1 errors in 4.5s"
@@ -84,8 +101,9 @@ def _ddtree_build():
     return module
 
 
-@pytest.mark.parametrize("text,want", [("12.0", (12, 0)), ("10.3", (10, 3)), ("sm_120", (12, 0)),
-                                       ("sm_103a", (10, 3)), ("120f", (12, 0))])
+@pytest.mark.parametrize(
+    "text,want", [("12.0", (12, 0)), ("10.3", (10, 3)), ("sm_120", (12, 0)), ("sm_103a", (10, 3)), ("120f", (12, 0))]
+)
 def test_prebuild_reads_arch_spellings(text, want):
     assert _ddtree_build().parse_arch(text) == want
 

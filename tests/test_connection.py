@@ -83,8 +83,10 @@ def test_auth_refused_with_a_foreign_key(hosts, tmp_path):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     h = hosts.hosts[0]
     cfg = tmp_path / "ssh_config"
-    cfg.write_text(f"Host other\n  HostName {h.address}\n  Port {h.port}\n  User root\n  IdentityFile {key}\n"
-                   f"  IdentitiesOnly yes\n  UserKnownHostsFile {hosts.known_hosts}\n")
+    cfg.write_text(
+        f"Host other\n  HostName {h.address}\n  Port {h.port}\n  User root\n  IdentityFile {key}\n"
+        f"  IdentitiesOnly yes\n  UserKnownHostsFile {hosts.known_hosts}\n"
+    )
     host = _with_ssh(_host(hosts, "h1"), host="other", config=str(cfg))
     with pytest.raises(ConnectError, match=r"\[h1\] authentication refused"):
         open_connection(host)

@@ -23,32 +23,72 @@ def installed(tmp_path_factory):
     borrowed from this venv by a plain path entry, so nothing is downloaded)."""
     root = tmp_path_factory.mktemp("install")
     src = root / "src"
-    shutil.copytree(PROJECT, src, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", "*.egg-info",
-                                                                "build", "dist", ".pytest_cache"))
+    shutil.copytree(
+        PROJECT,
+        src,
+        ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", "*.egg-info", "build", "dist", ".pytest_cache"),
+    )
     wheels = root / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "--disable-pip-version-check", "-w", str(wheels), str(src)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "-w",
+            str(wheels),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+    )
     venv = root / "venv"
     base = getattr(sys, "_base_executable", None) or sys.executable
     subprocess.run([base, "-m", "venv", str(venv)], check=True, capture_output=True)
     site = next((venv / "lib").glob("python3*/site-packages"))
     (site / "borrowed-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     [wheel] = wheels.glob("ddeploy-*.whl")
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
-                    "--disable-pip-version-check", str(wheel)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--disable-pip-version-check",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     shutil.rmtree(src)  # nothing may be found through the source it was built from
     return venv
 
 
 def run(venv: Path, *args: str, cwd: Path, home: Path, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("DDEPLOY_", "XDG_", "PYTHON"))}
-    return subprocess.run([str(venv / "bin" / "ddeploy"), *args], cwd=cwd, capture_output=True, text=True,
-                          env={**clean, "HOME": str(home), **env})
+    return subprocess.run(
+        [str(venv / "bin" / "ddeploy"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**clean, "HOME": str(home), **env},
+    )
 
 
 def test_the_installed_package_is_the_wheels_not_this_checkout(installed, tmp_path):
-    out = subprocess.run([str(installed / "bin" / "python"), "-c", "import deployer; print(deployer.__file__)"],
-                         cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [str(installed / "bin" / "python"), "-c", "import deployer; print(deployer.__file__)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.startswith(str(installed)), out
     pkg = Path(out.strip()).parent
     assert (pkg / "transport" / "agent.py").is_file() and not (pkg / "render" / "golden.py").exists()

@@ -12,7 +12,7 @@ from deployer.patchset.sglang_base import clone_base
 from deployer.patchset.local_git import git
 from patchset_fixtures import REAL_WIRING_HUNK, pristine_base  # noqa: F401
 
-PROBE = '''
+PROBE = """
 import argparse
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.arg_groups import speculative_hook
@@ -32,7 +32,7 @@ for extra in (["--speculative-dflash-tree-budget", "0"], ["--speculative-dflash-
         print("accepted", extra)
     except ValueError as exc:
         print("refused", exc)
-'''
+"""
 
 
 @pytest.mark.slow
@@ -41,8 +41,9 @@ def test_wiring_hunk_adds_the_tree_args_with_validation(tmp_path, pristine_base)
     git(work, "apply", "--check", str(REAL_WIRING_HUNK))
     git(work, "apply", str(REAL_WIRING_HUNK))
     env = {**os.environ, "PYTHONPATH": str(work / "python"), "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == [
         "defaults None None",

@@ -15,6 +15,7 @@ from deployer.inventory import local_host
 from deployer.ops.fleet import raise_if_failed, run_fleet
 from deployer.ops.outcome import Outcome
 
+
 def describe(text):
     return text
 
@@ -51,7 +52,9 @@ def test_one_failure_never_hides_the_others():
             raise ValueError("bug")
         return Outcome("fine", changed=True)
 
-    results = run_fleet(fake_hosts(4), op, parallel=2, events=Progress(4, lambda r: summary(r, describe), io.StringIO()))
+    results = run_fleet(
+        fake_hosts(4), op, parallel=2, events=Progress(4, lambda r: summary(r, describe), io.StringIO())
+    )
     assert [r.status for r in results] == ["ok", "failed", "failed", "ok"]
     assert result_json(results[1])["error"] == {"type": "ConnectError", "message": "[n1] unreachable", "exit_code": 5}
     assert "internal error: ValueError: bug" in results[2].message
@@ -66,7 +69,9 @@ def test_fail_fast_and_single_kind_exit_code():
     def op(host, say):
         raise DriftError("hand edits", host=host.name)
 
-    results = run_fleet(fake_hosts(3), op, parallel=1, fail_fast=True, events=Progress(3, lambda r: summary(r, describe), io.StringIO()))
+    results = run_fleet(
+        fake_hosts(3), op, parallel=1, fail_fast=True, events=Progress(3, lambda r: summary(r, describe), io.StringIO())
+    )
     assert [r.status for r in results] == ["failed", "skipped", "skipped"]
     with pytest.raises(HostsFailed) as exc:
         raise_if_failed(results)

@@ -13,9 +13,12 @@ pytestmark = pytest.mark.sshd
 
 def snapshot(h) -> dict:
     """Everything a no-op must leave alone: all refs, HEAD, index and work tree state."""
-    return {"refs": h.git("for-each-ref", "--format=%(objectname) %(refname)"), "head": h.git("rev-parse", "HEAD"),
-            "status": h.git("status", "--porcelain", "--untracked-files=all"),
-            "index": (h.checkout / ".git" / "index").read_bytes()}
+    return {
+        "refs": h.git("for-each-ref", "--format=%(objectname) %(refname)"),
+        "head": h.git("rev-parse", "HEAD"),
+        "status": h.git("status", "--porcelain", "--untracked-files=all"),
+        "index": (h.checkout / ".git" / "index").read_bytes(),
+    }
 
 
 def test_push_applies_one_commit_per_patch_and_records_state(hosts, ddeploy, patch_sets):
@@ -26,8 +29,10 @@ def test_push_applies_one_commit_per_patch_and_records_state(hosts, ddeploy, pat
     assert (h1.checkout / VERSION_PY).read_text().endswith("# ddtree 0.1.0\n")
     assert h1.git("status", "--porcelain") == ""
     assert h1.git("rev-parse", "HEAD~2") == hosts.base_commit
-    assert h1.git("log", "--format=%s", "-2").splitlines() == ["ddtree 0.1.0: 0002-wiring.patch",
-                                                              "ddtree 0.1.0: 0001-builder.patch"]
+    assert h1.git("log", "--format=%s", "-2").splitlines() == [
+        "ddtree 0.1.0: 0002-wiring.patch",
+        "ddtree 0.1.0: 0001-builder.patch",
+    ]
     assert h1.git("symbolic-ref", "--short", "HEAD") == "main"
     state = json.loads(h1.git("cat-file", "blob", "refs/ddeploy/state:state.json"))
     assert state["applied"]["version"] == "0.1.0" and state["applied"]["head"] == h1.git("rev-parse", "HEAD")
@@ -165,9 +170,12 @@ def real_release(tmp_path_factory, _isolated_cache):
     import sys
 
     root = tmp_path_factory.mktemp("release")
-    proc = subprocess.run([sys.executable, "-c", "from deployer.cli import main; main()", "patches", "export",
-                           "--version", "0.1.0"], env={**os.environ, "DDEPLOY_PATCHES_DIR": str(root)},
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from deployer.cli import main; main()", "patches", "export", "--version", "0.1.0"],
+        env={**os.environ, "DDEPLOY_PATCHES_DIR": str(root)},
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         pytest.skip(f"the overlay cannot be exported right now: {proc.stderr.strip()[-200:]}")
     return load_patch_set("0.1.0", root=root / "ddtree").path
@@ -192,8 +200,9 @@ def test_status_shows_kernel_builds_and_last_remote_test(hosts, ddeploy):
     from deployer.transport import agent
 
     repo = agent.Repo(str(hosts.hosts[2].checkout))  # the agent's own record writer, run on the checkout
-    agent.update_section(repo, "builds", lambda _: {"sm_120": {"ok": True, "version": "0.1.0", "source_hash": "ab"}},
-                         "build sm_120")
+    agent.update_section(
+        repo, "builds", lambda _: {"sm_120": {"ok": True, "version": "0.1.0", "source_hash": "ab"}}, "build sm_120"
+    )
     agent.update_section(repo, "tests", lambda _: {"ok": False, "summary": "3 passed, 1 failed"}, "test")
     r = ddeploy("status", "--host", "h3", "--json")
     row = json.loads(r.stdout)[0]["data"]

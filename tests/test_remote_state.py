@@ -36,8 +36,17 @@ def test_sections_are_recorded_as_a_commit_chain_beside_the_engines_own(hosts, d
 def _hold_lock(h, pid: int, command: str) -> None:
     lock = h.checkout / ".git" / "ddeploy" / "lock"
     lock.mkdir(parents=True)
-    (lock / "owner.json").write_text(json.dumps({"by": "alice@laptop", "host": socket.gethostname(), "pid": pid,
-                                                 "time": time.time() - 5, "command": command}))
+    (lock / "owner.json").write_text(
+        json.dumps(
+            {
+                "by": "alice@laptop",
+                "host": socket.gethostname(),
+                "pid": pid,
+                "time": time.time() - 5,
+                "command": command,
+            }
+        )
+    )
 
 
 @pytest.mark.parametrize("args", [("push",), ("rollback",)])

@@ -71,18 +71,29 @@ def _store(ctx: click.Context, param: click.Parameter, value):
 def fleet_options(fn):
     """--host/--group/--all plus --parallel/--fail-fast/--json/--accept-new-host-keys, gathered
     into one Selection (`selection(ctx)`) instead of seven parameters on every command."""
-    opts = [click.option("--host", "-H", "names", multiple=True, help="Host name (repeatable)."),
-            click.option("--group", "-g", "groups", multiple=True, help="All hosts of a group (repeatable)."),
-            click.option("--all", "all_hosts", is_flag=True, help="Every inventory host (not `local`)."),
-            click.option("--parallel", "-j", type=click.IntRange(1, 256), default=8, show_default=True,
-                         help="Hosts worked on at once."),
-            click.option("--fail-fast", is_flag=True, help="Start no new host after a failure."),
-            click.option("--json", "as_json", is_flag=True, help="Per-host results as JSON on stdout."),
-            click.option("--accept-new-host-keys", is_flag=True,
-                         help="Record unknown SSH host keys in known_hosts (changed keys are still refused).")]
+    opts = [
+        click.option("--host", "-H", "names", multiple=True, help="Host name (repeatable)."),
+        click.option("--group", "-g", "groups", multiple=True, help="All hosts of a group (repeatable)."),
+        click.option("--all", "all_hosts", is_flag=True, help="Every inventory host (not `local`)."),
+        click.option(
+            "--parallel",
+            "-j",
+            type=click.IntRange(1, 256),
+            default=8,
+            show_default=True,
+            help="Hosts worked on at once.",
+        ),
+        click.option("--fail-fast", is_flag=True, help="Start no new host after a failure."),
+        click.option("--json", "as_json", is_flag=True, help="Per-host results as JSON on stdout."),
+        click.option(
+            "--accept-new-host-keys",
+            is_flag=True,
+            help="Record unknown SSH host keys in known_hosts (changed keys are still refused).",
+        ),
+    ]
     for opt in reversed(opts):
         opt(fn)
-    for param in fn.__click_params__[-len(opts):]:
+    for param in fn.__click_params__[-len(opts) :]:
         param.expose_value, param.callback = False, _store
     return fn
 

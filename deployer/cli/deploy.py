@@ -23,9 +23,17 @@ def _deploy_options(ctx: click.Context, **kw):
 
 
 def _push_args(fn):
-    fn = click.option("--version", "-V", "version", default="latest", show_default=True,
-                      help="Patch set: a released version, `latest`, or a patch-set directory.")(fn)
-    fn = click.option("--3way", "three_way", is_flag=True, help="Fall back to a 3-way merge when a patch does not apply.")(fn)
+    fn = click.option(
+        "--version",
+        "-V",
+        "version",
+        default="latest",
+        show_default=True,
+        help="Patch set: a released version, `latest`, or a patch-set directory.",
+    )(fn)
+    fn = click.option(
+        "--3way", "three_way", is_flag=True, help="Fall back to a 3-way merge when a patch does not apply."
+    )(fn)
     return fn
 
 
@@ -34,8 +42,12 @@ def _push_args(fn):
 @_push_args
 @click.option("--dry-run", "-n", is_flag=True, help="Show the plan; write nothing on any host.")
 @click.option("--force", is_flag=True, help="Save hand edits on the host (recoverably), then go on.")
-@click.option("--build", "build_after", is_flag=True,
-              help="After a successful apply that changed kernel sources, build the kernels (ddeploy build).")
+@click.option(
+    "--build",
+    "build_after",
+    is_flag=True,
+    help="After a successful apply that changed kernel sources, build the kernels (ddeploy build).",
+)
 @click.pass_context
 def push(ctx, version, three_way, dry_run, force, build_after):
     """Apply a patch set to the hosts' SGLang checkouts (atomically, recorded in git on the host)."""
@@ -76,8 +88,13 @@ def status(ctx):
     from ..ops.deploy import status_host
 
     opts = _deploy_options(ctx)
-    run(ctx.obj, selection(ctx), lambda h, say: status_host(h, opts, say), views.describe_status,
-        report=views.status_table)
+    run(
+        ctx.obj,
+        selection(ctx),
+        lambda h, say: status_host(h, opts, say),
+        views.describe_status,
+        report=views.status_table,
+    )
 
 
 @cli.command()
@@ -121,7 +138,12 @@ def lock_status(ctx):
     from ..ops.deploy import lock_status_host
 
     opts = _deploy_options(ctx)
-    run(ctx.obj, selection(ctx), lambda h, say: lock_status_host(h, opts, say), lambda res: views.describe_lock(res.lock))
+    run(
+        ctx.obj,
+        selection(ctx),
+        lambda h, say: lock_status_host(h, opts, say),
+        lambda res: views.describe_lock(res.lock),
+    )
 
 
 @lock.command("release")
@@ -135,8 +157,12 @@ def lock_release(ctx, yes):
     sel = selection(ctx)
     hosts = sel.hosts(ctx.obj)
     if not yes:
-        click.confirm(f"Release the deploy lock on {', '.join(h.name for h in hosts)}? Only do this when no "
-                      f"deploy is running there", abort=True, err=True)
+        click.confirm(
+            f"Release the deploy lock on {', '.join(h.name for h in hosts)}? Only do this when no "
+            f"deploy is running there",
+            abort=True,
+            err=True,
+        )
     opts = _deploy_options(ctx)
     run(ctx.obj, sel, lambda h, say: lock_release_host(h, opts, say), views.describe_lock_release, hosts=hosts)
 
@@ -150,8 +176,18 @@ def hosts(app: AppContext, as_json):
     if as_json:
         emit_json([{**h.model_dump(mode="json"), "source": h.source} for h in inv.hosts.values()])
         return
-    rows = [[h.name, _target(h), f"{h.gpu.count}x {h.gpu.model}", h.gpu.arch, h.interconnect, h.checkout,
-             ",".join(h.groups)] for h in inv.hosts.values()]
+    rows = [
+        [
+            h.name,
+            _target(h),
+            f"{h.gpu.count}x {h.gpu.model}",
+            h.gpu.arch,
+            h.interconnect,
+            h.checkout,
+            ",".join(h.groups),
+        ]
+        for h in inv.hosts.values()
+    ]
     say(table(rows, ["host", "target", "gpus", "arch", "link", "checkout", "groups"]))
 
 

@@ -16,8 +16,14 @@ from .views import result_json, summary, summary_table
 Describe = Callable[[object], str]
 
 
-def run(app: AppContext, sel: Selection, op: Operation, describe: Describe,
-        report: Callable[[list[HostResult]], str] | None = None, hosts=None) -> list[HostResult]:
+def run(
+    app: AppContext,
+    sel: Selection,
+    op: Operation,
+    describe: Describe,
+    report: Callable[[list[HostResult]], str] | None = None,
+    hosts=None,
+) -> list[HostResult]:
     """Run op on the selected hosts, then finish (report, --json, exit status)."""
     hosts = sel.hosts(app) if hosts is None else hosts
     progress = Progress(len(hosts), lambda r: summary(r, describe))

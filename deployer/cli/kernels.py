@@ -17,6 +17,5 @@ def build(ctx, force):
     """Compile the DDTree JIT kernels on the hosts, for each host's GPU arch."""
     from ..ops.kernel_build import BuildOptions, build_host
 
-    opts = BuildOptions(force=force, accept_new_host_keys=selection(ctx).accept_new_host_keys,
-                        command=ctx.obj.command)
+    opts = BuildOptions(force=force, accept_new_host_keys=selection(ctx).accept_new_host_keys, command=ctx.obj.command)
     run(ctx.obj, selection(ctx), lambda h, say: build_host(h, opts, say), views.describe_build)

@@ -27,8 +27,11 @@ def launch(app: AppContext, hosts, group, topology, sets, dry_run) -> None:
         for name, units in started.items():
             remote = f"{lc.launch_dir(units)}/{topology}"
             for u in units:
-                say(f"would copy {u.script_file} + {u.env_file} to {remote}/ and start it detached, "
-                    f"log {remote}/{u.name}.log", name)
+                say(
+                    f"would copy {u.script_file} + {u.env_file} to {remote}/ and start it detached, "
+                    f"log {remote}/{u.name}.log",
+                    name,
+                )
 
 
 @cli.command()

@@ -23,6 +23,6 @@ def table(rows: list[list[str]], headers: list[str]) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
 
     def line(r: list[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+        return "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in cells[1:]])

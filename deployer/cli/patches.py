@@ -27,10 +27,17 @@ def _overlay(path: str | None) -> Path:
 
 
 def _set_json(ps: PatchSet) -> dict:
-    return {"name": ps.name, "version": ps.version, "created": ps.created, "path": str(ps.path),
-            "base": {"sglang": ps.base_version, "tree": ps.base_tree}, "fingerprint": ps.fingerprint(),
-            "patches": [{"name": p.name, "concern": p.concern, "sha256": p.sha256, "files": list(p.files)}
-                        for p in ps.patches]}
+    return {
+        "name": ps.name,
+        "version": ps.version,
+        "created": ps.created,
+        "path": str(ps.path),
+        "base": {"sglang": ps.base_version, "tree": ps.base_tree},
+        "fingerprint": ps.fingerprint(),
+        "patches": [
+            {"name": p.name, "concern": p.concern, "sha256": p.sha256, "files": list(p.files)} for p in ps.patches
+        ],
+    }
 
 
 @cli.group()
@@ -70,8 +77,11 @@ def _print_verify(report: VerifyReport) -> None:
     for r in report.results:
         say(r.line())
     if report.reversed_ok is not None:
-        say("git apply -R --check: every patch applied; reversed to the base tree exactly" if report.reversed_ok
-            else f"git apply -R --check: FAILED: {report.reverse_detail}")
+        say(
+            "git apply -R --check: every patch applied; reversed to the base tree exactly"
+            if report.reversed_ok
+            else f"git apply -R --check: FAILED: {report.reverse_detail}"
+        )
     if report.tests is not None:
         if not report.tests.passed:
             click.echo(report.tests.output[-4000:], err=True)
@@ -83,8 +93,10 @@ def _print_verify(report: VerifyReport) -> None:
 def _raise_verify_failure(report: VerifyReport) -> None:
     if report.conflict is not None:
         c = report.conflict
-        raise ConflictError(f"patch {c.name} of {report.ident} does not apply strictly ({', '.join(c.files)}); "
-                            f"nothing was changed; refresh the overlay against the base and export a new version")
+        raise ConflictError(
+            f"patch {c.name} of {report.ident} does not apply strictly ({', '.join(c.files)}); "
+            f"nothing was changed; refresh the overlay against the base and export a new version"
+        )
     if not report.reversed_ok:
         raise PatchSetError(f"{report.ident}: {report.reverse_detail}")
     if report.tests is not None and not report.tests.passed:
@@ -94,8 +106,11 @@ def _raise_verify_failure(report: VerifyReport) -> None:
 @patches.command("verify")
 @click.argument("version", required=False)
 @click.option("--no-tests", is_flag=True, help="Skip the overlay's tests in the patched tree.")
-@click.option("--against", type=click.Path(file_okay=False, exists=True),
-              help="A git checkout to apply to instead of the pristine base (cloned, never changed).")
+@click.option(
+    "--against",
+    type=click.Path(file_okay=False, exists=True),
+    help="A git checkout to apply to instead of the pristine base (cloned, never changed).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def patches_verify(version: str | None, no_tests: bool, against: str | None, as_json: bool) -> None:
     """Check checksums, apply strictly to a fresh base clone, confirm, run the overlay tests."""
@@ -103,10 +118,17 @@ def patches_verify(version: str | None, no_tests: bool, against: str | None, as_
     report = verify_patch_set(ps, against=Path(against) if against else None, run_tests=not no_tests)
     _print_verify(report)
     if as_json:
-        emit_json({"set": report.ident, "ok": report.ok, "patches": [r.__dict__ for r in report.results],
-                   "reversed_ok": report.reversed_ok,
-                   "tests": None if report.tests is None else {"returncode": report.tests.returncode,
-                                                               "summary": report.tests.summary}})
+        emit_json(
+            {
+                "set": report.ident,
+                "ok": report.ok,
+                "patches": [r.__dict__ for r in report.results],
+                "reversed_ok": report.reversed_ok,
+                "tests": None
+                if report.tests is None
+                else {"returncode": report.tests.returncode, "summary": report.tests.summary},
+            }
+        )
     _raise_verify_failure(report)
     say(f"{report.ident}: OK")
 
@@ -130,14 +152,17 @@ def patches_list(as_json: bool) -> None:
     if as_json:
         emit_json([_set_json(ps) for ps in sets] + [{"version": v, "error": e} for v, e in broken.items()])
     elif sets or broken:
-        rows = [[ps.version, ps.created, f"sglang {ps.base_version}", ps.base_tree[:12], str(len(ps.patches))]
-                for ps in sets] + [[v, "INVALID", "-", "-", "-"] for v in broken]
+        rows = [
+            [ps.version, ps.created, f"sglang {ps.base_version}", ps.base_tree[:12], str(len(ps.patches))]
+            for ps in sets
+        ] + [[v, "INVALID", "-", "-", "-"] for v in broken]
         say(table(rows, ["version", "created", "base", "base tree", "patches"]))
     else:
         say(f"no released patch sets under {sets_root()}")
     if broken:
-        raise PatchSetError(f"{len(broken)} released set(s) failed verification: " +
-                            "; ".join(f"{v}: {e}" for v, e in broken.items()))
+        raise PatchSetError(
+            f"{len(broken)} released set(s) failed verification: " + "; ".join(f"{v}: {e}" for v, e in broken.items())
+        )
 
 
 @patches.command("show")

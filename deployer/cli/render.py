@@ -11,14 +11,20 @@ from . import cli
 from .context import AppContext
 from .output import say, table
 
-set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-                          help="Override a render value (repeatable; highest precedence).")
+set_option = click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a render value (repeatable; highest precedence).",
+)
 
 
 def host_options(fn):
     """--host (repeatable, node-rank order) and --group of render and launch."""
-    fn = click.option("--group", help="Host group: each member on its own, or (multi-node) ranks 0..n-1 in "
-                                      "inventory order.")(fn)
+    fn = click.option(
+        "--group", help="Host group: each member on its own, or (multi-node) ranks 0..n-1 in inventory order."
+    )(fn)
     return click.option("--host", "hosts", multiple=True, help="Host (repeat once per node for multi-node).")(fn)
 
 
@@ -33,7 +39,9 @@ def _hosts(app: AppContext, hosts: tuple[str, ...], group: str | None):
 @set_option
 @click.option("--output", "-o", "out_dir", type=click.Path(file_okay=False), help="Write script + env files here.")
 @click.option("--explain", is_flag=True, help="Show every value and where it came from, instead of the script.")
-@click.option("--all", "render_every", is_flag=True, help="Render every valid (host, topology) pair (to stdout, or into -o DIR).")
+@click.option(
+    "--all", "render_every", is_flag=True, help="Render every valid (host, topology) pair (to stdout, or into -o DIR)."
+)
 @click.pass_obj
 def render(app: AppContext, hosts, group, topology, sets, out_dir, explain, render_every) -> None:
     """Render the SGLang launch script(s) for a host and topology."""

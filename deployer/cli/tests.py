@@ -18,8 +18,11 @@ from .fleet import run
 @click.option("--remote", is_flag=True, help="Run on the selected hosts (else locally against the overlay).")
 @click.option("-k", "expr", help="Only tests matching this pytest -k expression.")
 @click.option("--version", "-V", "version", help="Refuse hosts where another patch set than this one is applied.")
-@click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where JUnit reports land (default: <cache>/test-reports/<host>/).")
+@click.option(
+    "--report-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where JUnit reports land (default: <cache>/test-reports/<host>/).",
+)
 @click.pass_context
 def test_cmd(ctx, remote, expr, version, report_dir):
     """Run the overlay's unit tests (test/srt/ddtree) on hosts, or locally."""
@@ -30,10 +33,21 @@ def test_cmd(ctx, remote, expr, version, report_dir):
     sel = selection(ctx)
     if not remote and sel.given:
         raise UsageError("--host/--group/--all select hosts for --remote; add --remote (or drop them to test locally)")
-    opts = TestOptions(expr=expr, requested=load_patch_set(version) if version else None, report_dir=report_dir,
-                       accept_new_host_keys=sel.accept_new_host_keys, command=ctx.obj.command)
+    opts = TestOptions(
+        expr=expr,
+        requested=load_patch_set(version) if version else None,
+        report_dir=report_dir,
+        accept_new_host_keys=sel.accept_new_host_keys,
+        command=ctx.obj.command,
+    )
     if remote:
         run(ctx.obj, sel, lambda h, say: test_host(h, opts, say), views.describe_test, report=views.test_table)
     else:
-        run(ctx.obj, sel, lambda h, say: test_local(opts, say), views.describe_test, report=views.test_table,
-            hosts=[local_host()])
+        run(
+            ctx.obj,
+            sel,
+            lambda h, say: test_local(opts, say),
+            views.describe_test,
+            report=views.test_table,
+            hosts=[local_host()],
+        )

@@ -11,8 +11,18 @@ from ..ops.fleet import HostResult
 from ..ops.deploy import HostStatus
 from ..ops.kernel_build import PushBuild
 from ..patchset import PatchSet
-from ..transport.protocol import (BuildRecord, BuildReply, LockOwner, LockReleaseReply, LockReply, LogReply, Plan,
-                               PlanReply, PushReply, RollbackReply, TestRecord)
+from ..transport.protocol import (
+    BuildRecord,
+    BuildReply,
+    LockOwner,
+    LockReleaseReply,
+    LogReply,
+    Plan,
+    PlanReply,
+    PushReply,
+    RollbackReply,
+    TestRecord,
+)
 from .output import table
 
 
@@ -38,8 +48,10 @@ def describe_push(res: PushReply | PlanReply, ps: PatchSet) -> str:
         return f"unchanged ({ps.name} {ps.version} already applied)"
     over = f" over {res.plan.from_}" if res.plan.from_ else ""
     saved = f"; hand edits saved as {res.saved}" if res.saved else ""
-    return (f"applied {ps.name} {ps.version}{over} ({len(res.applied.patches)} patches, "
-            f"head {res.applied.head[:12]}){saved}")
+    return (
+        f"applied {ps.name} {ps.version}{over} ({len(res.applied.patches)} patches, "
+        f"head {res.applied.head[:12]}){saved}"
+    )
 
 
 def describe_push_build(res: PushBuild | PlanReply, ps: PatchSet) -> str:
@@ -91,6 +103,7 @@ def describe_log(res: LogReply) -> str:
 
 # --- status ------------------------------------------------------------------------------------
 
+
 def applied_text(status: HostStatus) -> str:
     a = status.applied
     return f"{a.name} {a.version}" if a else "none"
@@ -134,8 +147,17 @@ def status_table(results: list[HostResult]) -> str:
     for r in results:
         if r.ok:
             s: HostStatus = r.outcome.result
-            rows.append([r.host, "yes", applied_text(s), drift_text(s), lock_cell(s.lock), builds_text(s.builds),
-                         tests_text(s.tests)])
+            rows.append(
+                [
+                    r.host,
+                    "yes",
+                    applied_text(s),
+                    drift_text(s),
+                    lock_cell(s.lock),
+                    builds_text(s.builds),
+                    tests_text(s.tests),
+                ]
+            )
         elif isinstance(r.error, ConnectError):
             rows.append([r.host, f"no: {r.message}"[:70], "?", "?", "?", "?", "?"])
         else:  # reachable, but the checkout cannot be read (missing, not git, ...)
@@ -145,9 +167,16 @@ def status_table(results: list[HostResult]) -> str:
 
 # --- fleet summaries ---------------------------------------------------------------------------
 
+
 def summary_table(results: list[HostResult], describe_ok) -> str:
-    rows = [[r.host, ("ok: " if r.ok else ("SKIPPED: " if r.skipped else "FAILED: ")) + summary(r, describe_ok),
-             f"{r.duration:.2f}s"] for r in results]
+    rows = [
+        [
+            r.host,
+            ("ok: " if r.ok else ("SKIPPED: " if r.skipped else "FAILED: ")) + summary(r, describe_ok),
+            f"{r.duration:.2f}s",
+        ]
+        for r in results
+    ]
     return table(rows, ["host", "result", "duration"])
 
 
@@ -173,8 +202,14 @@ def test_table(results: list[HostResult]) -> str:
 
 def result_json(r: HostResult) -> dict[str, Any]:
     """One host's result for --json: stable data fields, no display strings (docs/remote.md)."""
-    out: dict[str, Any] = {"host": r.host, "ok": r.ok, "status": r.status, "changed": r.changed,
-                           "duration_s": round(r.duration, 3), "data": r.data}
+    out: dict[str, Any] = {
+        "host": r.host,
+        "ok": r.ok,
+        "status": r.status,
+        "changed": r.changed,
+        "duration_s": round(r.duration, 3),
+        "data": r.data,
+    }
     if r.error is not None:
         out["error"] = {"type": type(r.error).__name__, "message": str(r.error), "exit_code": int(r.error.exit_code)}
     return out

@@ -17,8 +17,21 @@ from ..errors import ConflictError, DriftError
 from ..inventory import Host
 from ..patchset import PatchSet
 from ..transport.agent_client import AgentSession, agent_session
-from ..transport.protocol import (Applied, BuildRecord, LockOwner, LockReleaseReply, LockReply, LogReply, PlanReply,
-                               PushReply, Record, Reply, RollbackReply, StatusReply, TestRecord)
+from ..transport.protocol import (
+    Applied,
+    BuildRecord,
+    LockOwner,
+    LockReleaseReply,
+    LockReply,
+    LogReply,
+    PlanReply,
+    PushReply,
+    Record,
+    Reply,
+    RollbackReply,
+    StatusReply,
+    TestRecord,
+)
 from .outcome import Outcome, Say
 
 SETS_DIR = ".git/ddeploy/sets"
@@ -74,14 +87,28 @@ def set_request(ps: PatchSet, *, remote_dir: str | None, inline: bool) -> dict[s
         if inline:
             entry["data_b64"] = base64.b64encode(p.data).decode()
         patches.append(entry)
-    return {"name": ps.name, "version": ps.version, "fingerprint": ps.fingerprint(), "base_tree": ps.base_tree,
-            "base_version": ps.base_version, "files": ps.files, "patches": patches, "dir": remote_dir}
+    return {
+        "name": ps.name,
+        "version": ps.version,
+        "fingerprint": ps.fingerprint(),
+        "base_tree": ps.base_tree,
+        "base_version": ps.base_version,
+        "files": ps.files,
+        "patches": patches,
+        "dir": remote_dir,
+    }
 
 
 def options_request(opts: Options) -> dict[str, Any]:
     # pause: a test-only hook that widens the window in which a test cuts the connection
-    return {"options": {"force": opts.force, "three_way": opts.three_way, "to": opts.to,
-                        "pause": os.environ.get("DDEPLOY_TEST_AGENT_PAUSE", "")}}
+    return {
+        "options": {
+            "force": opts.force,
+            "three_way": opts.three_way,
+            "to": opts.to,
+            "pause": os.environ.get("DDEPLOY_TEST_AGENT_PAUSE", ""),
+        }
+    }
 
 
 def plan_host(host: Host, ps: PatchSet, opts: Options, say: Say) -> Outcome:
@@ -99,8 +126,10 @@ def plan_host(host: Host, ps: PatchSet, opts: Options, say: Say) -> Outcome:
 
 def plan_details(res: PlanReply) -> list[str]:
     """One progress line per patch checked and per hand edit found."""
-    lines = [f"patch {p.name}: {'applies' if p.ok else 'CONFLICT ' + str(p.error)} ({', '.join(p.files)})"
-             for p in res.plan.patches]
+    lines = [
+        f"patch {p.name}: {'applies' if p.ok else 'CONFLICT ' + str(p.error)} ({', '.join(p.files)})"
+        for p in res.plan.patches
+    ]
     return lines + [f"hand edit: {d}" for d in res.plan.drift]
 
 
@@ -136,8 +165,18 @@ def status_host(host: Host, opts: Options, say: Say) -> Outcome:
     with session(host, opts) as agent:
         facts = agent.call("status", {}, StatusReply, stream=say).facts
     state = facts.state
-    return Outcome(HostStatus(head=facts.head, branch=facts.branch, applied=state.applied, drift=facts.drift,
-                              lock=facts.lock, builds=state.builds, tests=state.tests, interrupted=facts.journal))
+    return Outcome(
+        HostStatus(
+            head=facts.head,
+            branch=facts.branch,
+            applied=state.applied,
+            drift=facts.drift,
+            lock=facts.lock,
+            builds=state.builds,
+            tests=state.tests,
+            interrupted=facts.journal,
+        )
+    )
 
 
 def log_host(host: Host, opts: Options, say: Say) -> Outcome:
@@ -156,5 +195,17 @@ def lock_release_host(host: Host, opts: Options, say: Say) -> Outcome:
     return Outcome(res, changed=res.released)
 
 
-__all__ = ["Options", "HostStatus", "Outcome", "Reply", "plan_host", "push_host", "push_with", "rollback_host",
-           "status_host", "log_host", "lock_status_host", "lock_release_host"]
+__all__ = [
+    "Options",
+    "HostStatus",
+    "Outcome",
+    "Reply",
+    "plan_host",
+    "push_host",
+    "push_with",
+    "rollback_host",
+    "status_host",
+    "log_host",
+    "lock_status_host",
+    "lock_release_host",
+]

@@ -82,8 +82,9 @@ def run_one(host: Host, op: Operation, events: Events) -> HostResult:
     return res
 
 
-def run_fleet(hosts: list[Host], op: Operation, *, parallel: int = 4, fail_fast: bool = False,
-              events: Events | None = None) -> list[HostResult]:
+def run_fleet(
+    hosts: list[Host], op: Operation, *, parallel: int = 4, fail_fast: bool = False, events: Events | None = None
+) -> list[HostResult]:
     """Run op on every host (at most `parallel` at once); results in inventory order."""
     events = events or Silent()
     results: dict[str, HostResult] = {}
@@ -113,5 +114,7 @@ def raise_if_failed(results: list[HostResult]) -> None:
     if not failed:
         return
     codes = {r.error.exit_code for r in failed if r.error is not None}
-    raise HostsFailed(f"{len(failed)} of {len(results)} host(s) failed: {', '.join(r.host for r in failed)}",
-                      exit_code=codes.pop() if len(codes) == 1 else ExitCode.FAILURE)
+    raise HostsFailed(
+        f"{len(failed)} of {len(results)} host(s) failed: {', '.join(r.host for r in failed)}",
+        exit_code=codes.pop() if len(codes) == 1 else ExitCode.FAILURE,
+    )

@@ -43,9 +43,16 @@ class PushBuild(Record):
 
 def target(host: Host) -> dict[str, Any]:
     """What the agent needs from the inventory to probe, plan and name its errors."""
-    return Target(name=host.name, source=host.source, python=host.python, arch=host.gpu.arch,
-                  capability=host.gpu.capability, model=host.gpu.model, cuda_home=host.env.get("CUDA_HOME"),
-                  cache_root=host.env.get(CACHE_ROOT_ENV)).to_data()
+    return Target(
+        name=host.name,
+        source=host.source,
+        python=host.python,
+        arch=host.gpu.arch,
+        capability=host.gpu.capability,
+        model=host.gpu.model,
+        cuda_home=host.env.get("CUDA_HOME"),
+        cache_root=host.env.get(CACHE_ROOT_ENV),
+    ).to_data()
 
 
 def build_with(agent: AgentSession, opts: BuildOptions, say: Say, *, reuse_only: bool = False) -> BuildReply:

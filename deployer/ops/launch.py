@@ -62,20 +62,38 @@ def launch_dir(units: list[RenderedUnit]) -> str:
 
 
 def unit_request(unit: RenderedUnit) -> dict[str, str]:
-    return {"name": unit.name, "script_file": unit.script_file, "env_file": unit.env_file, "script": unit.script,
-            "env": unit.env}
+    return {
+        "name": unit.name,
+        "script_file": unit.script_file,
+        "env_file": unit.env_file,
+        "script": unit.script,
+        "env": unit.env,
+    }
 
 
-def launch_units(agent: AgentSession, units: list[RenderedUnit], say: Callable[[str], None],
-                 settle: float = 1.0) -> LaunchReply:
+def launch_units(
+    agent: AgentSession, units: list[RenderedUnit], say: Callable[[str], None], settle: float = 1.0
+) -> LaunchReply:
     """Write the host's units there, start each detached, record pids; refused while one still runs."""
-    request = {"target": {"name": agent.host.name}, "base": launch_dir(units), "topology": units[0].topology,
-               "units": [unit_request(u) for u in units], "settle": settle}
+    request = {
+        "target": {"name": agent.host.name},
+        "base": launch_dir(units),
+        "topology": units[0].topology,
+        "units": [unit_request(u) for u in units],
+        "settle": settle,
+    }
     return agent.call("launch", request, LaunchReply, stream=say)
 
 
-def launch(hosts: list[Host], topology: str, sets: tuple[str, ...], say: HostSay, *, dry_run: bool = False,
-           command: str = "ddeploy launch") -> dict[str, LaunchReply | list[RenderedUnit]]:
+def launch(
+    hosts: list[Host],
+    topology: str,
+    sets: tuple[str, ...],
+    say: HostSay,
+    *,
+    dry_run: bool = False,
+    command: str = "ddeploy launch",
+) -> dict[str, LaunchReply | list[RenderedUnit]]:
     """Render for the hosts (kernel builds read from them), then start each host's units.
     Dry run: the rendered units per host, nothing started."""
     render_hosts(hosts, topology, sets)  # a bad topology or --set fails before any host is contacted
@@ -84,8 +102,10 @@ def launch(hosts: list[Host], topology: str, sets: tuple[str, ...], say: HostSay
         units = by_host(render_hosts(hosts, topology, sets, probed=probed_values(agents, say)))
         if dry_run:
             return units
-        return {name: launch_units(agents[name], host_units, lambda m, n=name: say(m, n))
-                for name, host_units in units.items()}
+        return {
+            name: launch_units(agents[name], host_units, lambda m, n=name: say(m, n))
+            for name, host_units in units.items()
+        }
 
 
 def logs(host: Host, sets: tuple[str, ...], lines: int, follow: bool, out: Callable[[str], None]) -> LogsReply:

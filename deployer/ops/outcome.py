@@ -17,5 +17,5 @@ class Outcome:
         """The result as JSON-ready data (stable field names, no display strings)."""
         if self.result is None:
             return {}
-        dump = getattr(self.result, "to_data", None) or getattr(self.result, "model_dump")
+        dump = getattr(self.result, "to_data", None) or self.result.model_dump
         return dump()

@@ -57,8 +57,10 @@ class JUnitSummary:
         return self.failed == 0 and self.errors == 0 and self.tests > 0
 
     def describe(self) -> str:
-        return (f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped, {self.errors} errors "
-                f"in {self.duration:.1f}s")
+        return (
+            f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped, {self.errors} errors "
+            f"in {self.duration:.1f}s"
+        )
 
 
 def parse_junit(path: Path) -> JUnitSummary:
@@ -98,10 +100,15 @@ def test_host(host: Host, opts: TestOptions, say: Say) -> Outcome:
     run = stamp()
     local = opts.reports / host.name / f"{run}.xml"
     requested = opts.requested
-    request = {"target": {"name": host.name, "python": host.python}, "stamp": run, "report": str(local),
-               "options": {"k": opts.expr},
-               "requested": None if requested is None else {"name": requested.name, "version": requested.version,
-                                                            "fingerprint": requested.fingerprint()}}
+    request = {
+        "target": {"name": host.name, "python": host.python},
+        "stamp": run,
+        "report": str(local),
+        "options": {"k": opts.expr},
+        "requested": None
+        if requested is None
+        else {"name": requested.name, "version": requested.version, "fingerprint": requested.fingerprint()},
+    }
     with agent_session(host, accept_new_host_keys=opts.accept_new_host_keys, command=opts.command) as agent:
         res = agent.call("test", request, TestReply, stream=say)
     if res.junit is not None:
@@ -117,13 +124,33 @@ def test_local(opts: TestOptions, say: Say) -> Outcome:
     local = opts.reports / "local" / f"{stamp()}.xml"
     local.parent.mkdir(parents=True, exist_ok=True)
     say(f"running {overlay / TEST_DIR} with {sys.executable}" + (f" (-k {opts.expr})" if opts.expr else ""))
-    argv = ["sh", "-c", 'exec "$@" 1>&2', "sh", sys.executable, "-m", "pytest", TEST_DIR, "-q", "-p",
-            "no:cacheprovider", "-o", "junit_family=xunit2", f"--junitxml={local}",
-            *(["-k", opts.expr] if opts.expr else [])]
+    argv = [
+        "sh",
+        "-c",
+        'exec "$@" 1>&2',
+        "sh",
+        sys.executable,
+        "-m",
+        "pytest",
+        TEST_DIR,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "junit_family=xunit2",
+        f"--junitxml={local}",
+        *(["-k", opts.expr] if opts.expr else []),
+    ]
     res = conn.run(argv, cwd=str(overlay), check=False, stream=say)
     summary = parse_junit(local) if local.exists() else None
     totals = {} if summary is None else {**summary.__dict__, "summary": summary.describe()}
-    record = TestRecord(ok=bool(summary and summary.ok and res.rc == 0), rc=res.rc, version="overlay", k=opts.expr,
-                        at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), report=str(local),
-                        **{"summary": f"pytest exit {res.rc}", **totals})
+    record = TestRecord(
+        ok=bool(summary and summary.ok and res.rc == 0),
+        rc=res.rc,
+        version="overlay",
+        k=opts.expr,
+        at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        report=str(local),
+        **{"summary": f"pytest exit {res.rc}", **totals},
+    )
     return verdict("local", record)

@@ -30,8 +30,11 @@ class PatchChange:
         return (self.new or self.old).name  # type: ignore[union-attr]
 
     def summary(self) -> str:
-        parts = [f"+{f}" for f in self.files_added] + [f"-{f}" for f in self.files_removed] + \
-                [f"~{f}" for f in self.files_changed]
+        parts = (
+            [f"+{f}" for f in self.files_added]
+            + [f"-{f}" for f in self.files_removed]
+            + [f"~{f}" for f in self.files_changed]
+        )
         if self.status == CHANGED and not parts:
             parts = ["message only"]
         return f"{self.name}: {self.status}" + (f" ({', '.join(parts)})" if parts else "")
@@ -60,7 +63,7 @@ def file_sections(data: bytes) -> dict[str, bytes]:
 
 
 def _path_of(header: str) -> str:
-    rest = header[len("diff --git "):]
+    rest = header[len("diff --git ") :]
     return rest.split(" b/", 1)[0][2:] if rest.startswith("a/") else rest
 
 

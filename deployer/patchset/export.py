@@ -30,9 +30,21 @@ from .release import VERSION_RE, list_versions, load_patch_set, next_version, sh
 
 # No user/system git config may change commits or format-patch output.
 EXPORT_ENV = {**FIXED_IDENTITY, "GIT_CONFIG_GLOBAL": os.devnull}
-FORMAT_PATCH_ARGS = ("format-patch", "--no-numbered", "--no-signature", "--zero-commit", "--full-index",
-                     "--no-renames", "--no-color", "--diff-algorithm=myers", "--stat=80",
-                     "--subject-prefix=PATCH", "--no-thread", "--no-attach", "--no-cover-letter")
+FORMAT_PATCH_ARGS = (
+    "format-patch",
+    "--no-numbered",
+    "--no-signature",
+    "--zero-commit",
+    "--full-index",
+    "--no-renames",
+    "--no-color",
+    "--diff-algorithm=myers",
+    "--stat=80",
+    "--subject-prefix=PATCH",
+    "--no-thread",
+    "--no-attach",
+    "--no-cover-letter",
+)
 
 
 @dataclass(frozen=True)
@@ -84,8 +96,11 @@ def check_hunk_files(overlay: Overlay) -> None:
         if listed.count(h) > 1:
             raise PatchSetError(f"hunk file {h} is listed by more than one concern")
     hunks_dir = overlay.path / HUNKS_DIR
-    present = sorted(p.relative_to(overlay.path).as_posix() for p in hunks_dir.rglob("*") if p.is_file()) \
-        if hunks_dir.is_dir() else []
+    present = (
+        sorted(p.relative_to(overlay.path).as_posix() for p in hunks_dir.rglob("*") if p.is_file())
+        if hunks_dir.is_dir()
+        else []
+    )
     for h in present:
         if h not in listed:
             raise PatchSetError(f"hunk file {h} is listed by no concern in {overlay.path / 'concerns.yaml'}")
@@ -100,8 +115,10 @@ def copy_new_files(overlay: Overlay, files: list[str], work: Path) -> None:
         return
     shadowed = git_out(work, "ls-files", "--", *files, env=EXPORT_ENV).splitlines()
     if shadowed:
-        raise PatchSetError(f"overlay file {shadowed[0]} already exists in SGLang; change it with a hunk "
-                            f"under {HUNKS_DIR}/ instead of a full copy")
+        raise PatchSetError(
+            f"overlay file {shadowed[0]} already exists in SGLang; change it with a hunk "
+            f"under {HUNKS_DIR}/ instead of a full copy"
+        )
     for rel in files:
         src, dst = overlay.path / rel, work / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -115,12 +132,13 @@ def apply_hunks(overlay: Overlay, concern: Concern, work: Path) -> None:
     for rel in concern.hunks:
         data = (overlay.path / rel).read_bytes()
         patch_paths(data, patch=rel)  # refuse unsafe paths before git sees them
-        proc = git(work, "apply", "--cached", "--whitespace=nowarn", "-", input=data, check=False,
-                   env=EXPORT_ENV)
+        proc = git(work, "apply", "--cached", "--whitespace=nowarn", "-", input=data, check=False, env=EXPORT_ENV)
         if proc.returncode != 0:
             err = proc.stderr.decode(errors="replace").strip().splitlines()
-            raise PatchSetError(f"hunk file {rel} (concern {concern.id}) does not apply to the pristine "
-                                f"base: {err[0] if err else 'git apply failed'}; refresh it against the base")
+            raise PatchSetError(
+                f"hunk file {rel} (concern {concern.id}) does not apply to the pristine "
+                f"base: {err[0] if err else 'git apply failed'}; refresh it against the base"
+            )
 
 
 def commit_concern(overlay: Overlay, concern: Concern, files: list[str], work: Path) -> bool:
@@ -129,8 +147,17 @@ def commit_concern(overlay: Overlay, concern: Concern, files: list[str], work: P
     apply_hunks(overlay, concern, work)
     if git(work, "diff", "--cached", "--quiet", check=False, env=EXPORT_ENV).returncode == 0:
         return False
-    git(work, "commit", "-q", "--no-verify", "--allow-empty-message", "-F", "-",
-        input=commit_message(concern).encode(), env=EXPORT_ENV)
+    git(
+        work,
+        "commit",
+        "-q",
+        "--no-verify",
+        "--allow-empty-message",
+        "-F",
+        "-",
+        input=commit_message(concern).encode(),
+        env=EXPORT_ENV,
+    )
     return True
 
 
@@ -161,15 +188,18 @@ def build_patches(overlay: Overlay, base: Base, scratch: Path) -> tuple[list[Bui
     return built, skipped
 
 
-def manifest(overlay: Overlay, version: str, created: str, base: Base, patches: list[BuiltPatch],
-             skipped: list[str]) -> dict:
+def manifest(
+    overlay: Overlay, version: str, created: str, base: Base, patches: list[BuiltPatch], skipped: list[str]
+) -> dict:
     doc: dict = {
         "name": overlay.name,
         "version": version,
         "created": created,
         "base": {"sglang": base.version, "tree": base.tree},
-        "patches": [{"name": p.name, "concern": p.concern, "sha256": sha256_bytes(p.data),
-                     "files": list(p.files)} for p in patches],
+        "patches": [
+            {"name": p.name, "concern": p.concern, "sha256": sha256_bytes(p.data), "files": list(p.files)}
+            for p in patches
+        ],
     }
     if skipped:
         doc["skipped"] = [{"concern": c, "reason": "no files or hunks in the overlay"} for c in skipped]
@@ -180,8 +210,7 @@ def write_set(dest: Path, doc: dict, patches: list[BuiltPatch]) -> None:
     for p in patches:
         (dest / p.name).write_bytes(p.data)
     (dest / "series").write_text("".join(f"{p.name}\n" for p in patches))
-    (dest / "manifest.yaml").write_text(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False,
-                                                       width=1000))
+    (dest / "manifest.yaml").write_text(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000))
 
 
 def render_set(overlay_path: Path, dest: Path, *, version: str, created: str, base: Base | None = None) -> ExportResult:
@@ -196,8 +225,9 @@ def render_set(overlay_path: Path, dest: Path, *, version: str, created: str, ba
     return ExportResult(dest, version, tuple(patches), tuple(skipped))
 
 
-def export_patch_set(overlay_path: Path, root: Path, *, version: str | None = None, date: str | None = None,
-                     base: Base | None = None) -> ExportResult:
+def export_patch_set(
+    overlay_path: Path, root: Path, *, version: str | None = None, date: str | None = None, base: Base | None = None
+) -> ExportResult:
     """Release the overlay as `root/<version>/` (default: the next patch version); never overwrites."""
     created = created_date(date)
     version = version or next_version(list_versions(root=root))
@@ -205,8 +235,10 @@ def export_patch_set(overlay_path: Path, root: Path, *, version: str | None = No
         raise UsageError(f"version {version!r} must look like MAJOR.MINOR.PATCH")
     final = root / version
     if final.exists():
-        raise PatchSetError(f"patch set {version} is already released at {final}; released sets are "
-                            f"immutable, export a new version (next: {next_version(list_versions(root=root))})")
+        raise PatchSetError(
+            f"patch set {version} is already released at {final}; released sets are "
+            f"immutable, export a new version (next: {next_version(list_versions(root=root))})"
+        )
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".export-{version}-", dir=root))
     try:
@@ -219,7 +251,6 @@ def export_patch_set(overlay_path: Path, root: Path, *, version: str | None = No
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return ExportResult(final, version, result.patches, result.skipped)
-
 
 
 def sync_differences(overlay_path: Path, released: Path, *, base: Base | None = None) -> list[str]:
@@ -238,7 +269,9 @@ def sync_differences(overlay_path: Path, released: Path, *, base: Base | None = 
             a = next((p for p in old.patches if p.name == name), None)
             b = next((p for p in fresh.patches if p.name == name), None)
             if a is None or b is None:
-                problems.append(f"{name}: {'missing from the released set' if a is None else 'no longer produced by the overlay'}")
+                problems.append(
+                    f"{name}: {'missing from the released set' if a is None else 'no longer produced by the overlay'}"
+                )
             elif a.sha256 != b.sha256:
                 problems.append(compare_patch(a, b).summary().replace(": changed", ": differs", 1))
         for meta in ("series", "manifest.yaml"):

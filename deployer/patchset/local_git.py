@@ -26,11 +26,11 @@ def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def git(repo: Path | str, *args: str, input: bytes | None = None, check: bool = True,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def git(
+    repo: Path | str, *args: str, input: bytes | None = None, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run `git -C repo args...`; raise DeployError with git's own message on failure."""
-    proc = subprocess.run(["git", "-C", str(repo), *args], input=input, capture_output=True,
-                          env=git_env(env))
+    proc = subprocess.run(["git", "-C", str(repo), *args], input=input, capture_output=True, env=git_env(env))
     if check and proc.returncode != 0:
         err = proc.stderr.decode(errors="replace").strip().splitlines()
         raise DeployError(f"git {args[0]} failed in {repo}: {err[-1] if err else 'exit ' + str(proc.returncode)}")

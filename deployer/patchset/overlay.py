@@ -65,9 +65,9 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
         elif pattern[i] == "?":
             out.append(r"[^/]")
             i += 1
-        elif pattern[i] == "[" and "]" in pattern[i + 2:]:
+        elif pattern[i] == "[" and "]" in pattern[i + 2 :]:
             end = pattern.index("]", i + 2)
-            body = pattern[i + 1:end].replace("\\", "\\\\")
+            body = pattern[i + 1 : end].replace("\\", "\\\\")
             out.append("[^" + body[1:] + "]" if body.startswith("!") else "[" + body + "]")
             i = end + 1
         else:
@@ -115,10 +115,14 @@ def assign_files(overlay: Overlay) -> dict[str, list[str]]:
     for rel in overlay_files(overlay):
         owners = [c.id for c in overlay.concerns if any(matches(g, rel) for g in c.files)]
         if not owners:
-            raise PatchSetError(f"overlay file {rel} matches no concern in {overlay.path / CONCERNS_FILE}; "
-                                f"add a glob for it to one concern")
+            raise PatchSetError(
+                f"overlay file {rel} matches no concern in {overlay.path / CONCERNS_FILE}; "
+                f"add a glob for it to one concern"
+            )
         if len(owners) > 1:
-            raise PatchSetError(f"overlay file {rel} matches concerns {' and '.join(owners)} in "
-                                f"{overlay.path / CONCERNS_FILE}; make the globs disjoint")
+            raise PatchSetError(
+                f"overlay file {rel} matches concerns {' and '.join(owners)} in "
+                f"{overlay.path / CONCERNS_FILE}; make the globs disjoint"
+            )
         owned[owners[0]].append(rel)
     return owned

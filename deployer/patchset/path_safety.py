@@ -16,7 +16,9 @@ from pathlib import PurePosixPath
 from ..errors import PathSafetyError
 
 _HUNK = re.compile(rb"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
-_MODE = re.compile(rb"^(?:new file mode|deleted file mode|old mode|new mode|index [0-9a-f]+\.\.[0-9a-f]+) ?(\d{6})?\s*$")
+_MODE = re.compile(
+    rb"^(?:new file mode|deleted file mode|old mode|new mode|index [0-9a-f]+\.\.[0-9a-f]+) ?(\d{6})?\s*$"
+)
 _FORBIDDEN_MODES = {b"120000": "a symlink", b"160000": "a submodule"}
 _ESCAPES = {"n": "\n", "t": "\t", '"': '"', "\\": "\\", "a": "\a", "b": "\b", "f": "\f", "r": "\r", "v": "\v"}
 _PLAIN_HEADERS = ("rename from ", "rename to ", "copy from ", "copy to ")
@@ -30,8 +32,8 @@ def unquote_git_path(raw: str) -> str:
     while i < len(body):
         ch = body[i]
         if ch == "\\" and i + 1 < len(body):
-            if re.match(r"[0-7]{3}", body[i + 1:i + 4]):
-                out.append(int(body[i + 1:i + 4], 8))
+            if re.match(r"[0-7]{3}", body[i + 1 : i + 4]):
+                out.append(int(body[i + 1 : i + 4], 8))
                 i += 4
                 continue
             out += _ESCAPES.get(body[i + 1], body[i + 1]).encode()
@@ -48,14 +50,14 @@ def split_diff_git(rest: str) -> list[str]:
         end = re.match(r'"(?:[^"\\]|\\.)*"', rest)
         if not end:
             return [rest]
-        return [end.group(0), rest[end.end():].strip()]
+        return [end.group(0), rest[end.end() :].strip()]
     if rest.endswith('"'):
         start = rest.rfind(' "')
-        return [rest[:start], rest[start + 1:]] if start > 0 else [rest]
+        return [rest[:start], rest[start + 1 :]] if start > 0 else [rest]
     # Unquoted and symmetric ("a/P b/P", P may contain spaces): split in the middle.
     half = (len(rest) - 1) // 2
-    if len(rest) % 2 == 1 and rest[half] == " " and rest[:half][2:] == rest[half + 1:][2:]:
-        return [rest[:half], rest[half + 1:]]
+    if len(rest) % 2 == 1 and rest[half] == " " and rest[:half][2:] == rest[half + 1 :][2:]:
+        return [rest[:half], rest[half + 1 :]]
     if " b/" in rest:
         first, second = rest.split(" b/", 1)
         return [first, "b/" + second]
@@ -118,7 +120,7 @@ def _header_paths(lines: list[bytes], i: int) -> tuple[list[tuple[str, bool]], i
     """Paths named by the header line at i (and how many lines it spans)."""
     text = lines[i].decode("utf-8", errors="surrogateescape")
     if text.startswith("diff --git "):
-        return [(p, True) for p in split_diff_git(text[len("diff --git "):])], 1
+        return [(p, True) for p in split_diff_git(text[len("diff --git ") :])], 1
     if text.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ "):
         nxt = lines[i + 1].decode("utf-8", errors="surrogateescape")
         return [(text[4:].split("\t")[0], True), (nxt[4:].split("\t")[0], True)], 2
@@ -130,8 +132,10 @@ def _header_paths(lines: list[bytes], i: int) -> tuple[list[tuple[str, bool]], i
 def _check_mode(line: bytes, patch: str) -> None:
     mode = _MODE.match(line)
     if mode and mode.group(1) in _FORBIDDEN_MODES:
-        raise PathSafetyError(f"patch {patch}: creates or changes {_FORBIDDEN_MODES[mode.group(1)]} "
-                              f"(mode {mode.group(1).decode()}); refused")
+        raise PathSafetyError(
+            f"patch {patch}: creates or changes {_FORBIDDEN_MODES[mode.group(1)]} "
+            f"(mode {mode.group(1).decode()}); refused"
+        )
 
 
 def patch_paths(data: bytes, *, patch: str) -> list[str]:

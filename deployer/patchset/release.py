@@ -139,8 +139,7 @@ def _read_series(path: Path) -> list[str]:
     return [n for n in names if n]
 
 
-def load_patch_set(spec: str | Path | None = None, name: str = PATCH_SET_NAME,
-                   root: Path | None = None) -> PatchSet:
+def load_patch_set(spec: str | Path | None = None, name: str = PATCH_SET_NAME, root: Path | None = None) -> PatchSet:
     """Load and fully verify a patch set (checksums, series/manifest agreement, path safety)."""
     path = resolve_dir(spec, name, root)
     manifest = _read_manifest(path)
@@ -156,10 +155,18 @@ def load_patch_set(spec: str | Path | None = None, name: str = PATCH_SET_NAME,
         data = file.read_bytes()
         actual = sha256_bytes(data)
         if actual != entry.sha256:
-            raise ChecksumError(f"patch {entry.name} in {path} was modified: sha256 {actual[:12]}… does not "
-                                f"match the manifest's {entry.sha256[:12]}…; refusing to use it")
+            raise ChecksumError(
+                f"patch {entry.name} in {path} was modified: sha256 {actual[:12]}… does not "
+                f"match the manifest's {entry.sha256[:12]}…; refusing to use it"
+            )
         files = patch_paths(data, patch=entry.name)
         patches.append(Patch(entry.name, entry.concern, actual, tuple(files), data))
-    return PatchSet(name=manifest.name, version=manifest.version, created=manifest.created,
-                    base_version=manifest.base.sglang, base_tree=manifest.base.tree, patches=tuple(patches),
-                    path=path)
+    return PatchSet(
+        name=manifest.name,
+        version=manifest.version,
+        created=manifest.created,
+        base_version=manifest.base.sglang,
+        base_tree=manifest.base.tree,
+        patches=tuple(patches),
+        path=path,
+    )

@@ -56,15 +56,27 @@ def find_wheel(version: str = SGLANG_VERSION) -> Path | None:
 def download_wheel(version: str = SGLANG_VERSION) -> Path:
     """Fetch the wheel with pip (no deps) into the cache; a clear error when offline."""
     wheel_dir().mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-q", "-d", str(wheel_dir()), f"sglang=={version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "-q",
+        "-d",
+        str(wheel_dir()),
+        f"sglang=={version}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wheel = find_wheel(version)
     if proc.returncode != 0 or wheel is None:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise BaseTreeError(
             f"cannot get the SGLang {version} wheel ({last}); put sglang-{version}-*.whl in "
-            f"{wheel_dir()} or set DDEPLOY_SGLANG_WHEEL")
+            f"{wheel_dir()} or set DDEPLOY_SGLANG_WHEEL"
+        )
     return wheel
 
 
@@ -96,8 +108,12 @@ def unpack_package(wheel: Path, dest: Path) -> int:
 
 def commit_tree(repo: Path, version: str) -> None:
     git(repo, "init", "-q", "-b", "main")
-    for key, value in (("core.autocrlf", "false"), ("core.fileMode", "true"),
-                       ("user.name", "ddeploy"), ("user.email", "ddeploy@localhost")):
+    for key, value in (
+        ("core.autocrlf", "false"),
+        ("core.fileMode", "true"),
+        ("user.name", "ddeploy"),
+        ("user.email", "ddeploy@localhost"),
+    ):
         git(repo, "config", key, value)
     git(repo, "add", "-A", "-f", ".")  # -f: the wheel ships .gitignore files of its own
     git(repo, "commit", "-q", "--no-verify", "-m", COMMIT_MESSAGE.format(v=version), env=FIXED_IDENTITY)
@@ -110,14 +126,17 @@ def verify_base(path: Path, version: str = SGLANG_VERSION) -> Base:
     tree = git_out(path, "rev-parse", "HEAD^{tree}", check=False)
     expected = BASE_TREE_HASHES.get(version)
     if expected and tree != expected:
-        raise BaseTreeError(f"base at {path} has tree {tree or '?'}, expected {expected} for SGLang "
-                            f"{version}; rebuild it with `ddeploy base fetch --rebuild`")
+        raise BaseTreeError(
+            f"base at {path} has tree {tree or '?'}, expected {expected} for SGLang "
+            f"{version}; rebuild it with `ddeploy base fetch --rebuild`"
+        )
     git(path, "update-index", "-q", "--refresh", check=False)
     dirty = git_out(path, "status", "--porcelain", "--untracked-files=no")
     if dirty:
         first = dirty.splitlines()[0]
-        raise BaseTreeError(f"base at {path} has local changes ({first.strip()}); rebuild it with "
-                            f"`ddeploy base fetch --rebuild`")
+        raise BaseTreeError(
+            f"base at {path} has local changes ({first.strip()}); rebuild it with `ddeploy base fetch --rebuild`"
+        )
     return Base(version, path, git_out(path, "rev-parse", "HEAD"), tree)
 
 
@@ -154,8 +173,7 @@ def fetch_base(version: str = SGLANG_VERSION, *, rebuild: bool = False) -> Base:
     return ensure_base(version, rebuild=rebuild)
 
 
-def clone_base(dest: Path, version: str = SGLANG_VERSION, *, source: Path | None = None,
-               checkout: bool = True) -> Path:
+def clone_base(dest: Path, version: str = SGLANG_VERSION, *, source: Path | None = None, checkout: bool = True) -> Path:
     """A fresh, full (not shallow) clone of the base at dest: a checkout to deploy onto.
 
     `source` clones another repository instead (a host checkout, a test's altered base); it is
@@ -167,8 +185,9 @@ def clone_base(dest: Path, version: str = SGLANG_VERSION, *, source: Path | None
         raise BaseTreeError(f"{origin} is not a git checkout to clone")
     dest.parent.mkdir(parents=True, exist_ok=True)
     extra = [] if checkout else ["--no-checkout", "--shared"]
-    proc = subprocess.run(["git", "clone", "-q", *extra, str(origin), str(dest)], capture_output=True, text=True,
-                          env=git_env())
+    proc = subprocess.run(
+        ["git", "clone", "-q", *extra, str(origin), str(dest)], capture_output=True, text=True, env=git_env()
+    )
     if proc.returncode != 0:
         raise BaseTreeError(f"cannot clone {origin} into {dest}: {proc.stderr.strip()}")
     if not checkout:

@@ -26,15 +26,43 @@ from .release import Patch, PatchSet
 CLEAN, CONFLICT, NOT_REACHED = "clean", "conflict", "not reached"
 # What importing the patched tree's `sglang` package needs (its __init__ imports these); without
 # them the overlay tests die half-way through SGLang's package init, so verify refuses up front.
-SGLANG_RUNTIME = ("numpy", "orjson", "psutil", "pybase64", "requests", "triton", "PIL", "starlette", "msgspec",
-                  "pydantic", "zmq", "tqdm", "IPython", "aiohttp", "tvm_ffi", "transformers", "dill",
-                  "sentencepiece", "compressed_tensors", "gguf", "openai", "partial_json_parser", "einops", "torch")
+SGLANG_RUNTIME = (
+    "numpy",
+    "orjson",
+    "psutil",
+    "pybase64",
+    "requests",
+    "triton",
+    "PIL",
+    "starlette",
+    "msgspec",
+    "pydantic",
+    "zmq",
+    "tqdm",
+    "IPython",
+    "aiohttp",
+    "tvm_ffi",
+    "transformers",
+    "dill",
+    "sentencepiece",
+    "compressed_tensors",
+    "gguf",
+    "openai",
+    "partial_json_parser",
+    "einops",
+    "torch",
+)
 # Index-only: the scratch clone has no checkout until the tests need one; same strict matching.
 _APPLY_ARGS = ("apply", "--cached", "--whitespace=nowarn")
-_ERROR_SUFFIXES = (": patch does not apply", ": already exists in working directory",
-                   ": does not exist in index", ": already exists in index", ": No such file or directory",
-                   ": wrong type",
-                   ": does not match index")
+_ERROR_SUFFIXES = (
+    ": patch does not apply",
+    ": already exists in working directory",
+    ": does not exist in index",
+    ": already exists in index",
+    ": No such file or directory",
+    ": wrong type",
+    ": does not match index",
+)
 
 
 @dataclass(frozen=True)
@@ -86,11 +114,11 @@ def conflict_files(stderr: str, patch: Patch) -> tuple[str, ...]:
     found: dict[str, None] = {}
     for line in stderr.splitlines():
         if line.startswith("error: patch failed: "):
-            found.setdefault(line[len("error: patch failed: "):].rsplit(":", 1)[0], None)
+            found.setdefault(line[len("error: patch failed: ") :].rsplit(":", 1)[0], None)
         elif line.startswith("error: "):
             for suffix in _ERROR_SUFFIXES:
                 if line.endswith(suffix):
-                    found.setdefault(line[len("error: "):-len(suffix)], None)
+                    found.setdefault(line[len("error: ") : -len(suffix)], None)
     files = [f for f in found if f in patch.files] or list(found) or list(patch.files)
     return tuple(files)
 
@@ -143,8 +171,7 @@ def run_overlay_tests(work: Path, ps: PatchSet, timeout: float) -> tuple[TestRun
     if not tests.is_dir():
         return None, f"no overlay tests in the set (test/srt/{ps.name} is absent)"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
-    env.update({"PYTHONPATH": str(work / "python"), "DDTREE_SGLANG_ROOT": str(work),
-                "PYTHONDONTWRITEBYTECODE": "1"})
+    env.update({"PYTHONPATH": str(work / "python"), "DDTREE_SGLANG_ROOT": str(work), "PYTHONDONTWRITEBYTECODE": "1"})
     cmd = [sys.executable, "-m", "pytest", str(tests), "-q", "-p", "no:cacheprovider", "--rootdir", str(work)]
     try:
         proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
@@ -163,13 +190,16 @@ def missing_runtime() -> list[str]:
 def check_test_runtime() -> None:
     missing = missing_runtime()
     if missing:
-        raise UsageError(f"the overlay tests import the patched SGLang, and this python ({sys.executable}) lacks "
-                         f"its runtime packages: {', '.join(missing)}; run `bash scripts/setup-venv.sh --full`, "
-                         f"or pass --no-tests")
+        raise UsageError(
+            f"the overlay tests import the patched SGLang, and this python ({sys.executable}) lacks "
+            f"its runtime packages: {', '.join(missing)}; run `bash scripts/setup-venv.sh --full`, "
+            f"or pass --no-tests"
+        )
 
 
-def verify_patch_set(ps: PatchSet, *, against: Path | None = None, run_tests: bool = True,
-                     tests_timeout: float = 1800.0) -> VerifyReport:
+def verify_patch_set(
+    ps: PatchSet, *, against: Path | None = None, run_tests: bool = True, tests_timeout: float = 1800.0
+) -> VerifyReport:
     """Verify ps (already checksum- and path-checked by its loader) on a clone of the base.
 
     `against`: another git checkout to clone and apply to instead of the pristine base (only read)."""
@@ -178,8 +208,10 @@ def verify_patch_set(ps: PatchSet, *, against: Path | None = None, run_tests: bo
     if against is None:
         base = ensure_base(ps.base_version)
         if ps.base_tree and base.tree != ps.base_tree:
-            raise BaseTreeError(f"patch set {ps.ident} was made for base tree {ps.base_tree}, but the "
-                                f"SGLang {base.version} base is {base.tree}; rebuild it with `ddeploy base fetch --rebuild`")
+            raise BaseTreeError(
+                f"patch set {ps.ident} was made for base tree {ps.base_tree}, but the "
+                f"SGLang {base.version} base is {base.tree}; rebuild it with `ddeploy base fetch --rebuild`"
+            )
         source, desc = base.path, f"the pristine SGLang {base.version} base (tree {base.tree[:12]})"
     else:
         source, desc = against, f"the checkout {against} (its HEAD, cloned)"

@@ -31,8 +31,14 @@ def shjoin(values: Any) -> str:
 
 
 def environment(directory: Path) -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(directory)), undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(directory)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,  # noqa: S701 - shell scripts, not HTML: values are shell-quoted by the filters
+    )
     env.filters["shquote"] = shquote
     env.filters["shjoin"] = shjoin
     return env
@@ -44,8 +50,10 @@ def render_template(env: jinja2.Environment, name: str, context: dict[str, Any])
     except jinja2.UndefinedError as exc:
         match = re.search(r"'([^']+)' is undefined|has no attribute '([^']+)'", str(exc))
         missing = next((g for g in (match.groups() if match else ()) if g), str(exc))
-        raise RenderError(f"templates/{name}: value '{missing}' is undefined; define it in templates/defaults.yaml "
-                          f"or pass --set {missing}=...") from None
+        raise RenderError(
+            f"templates/{name}: value '{missing}' is undefined; define it in templates/defaults.yaml "
+            f"or pass --set {missing}=..."
+        ) from None
     except jinja2.TemplateError as exc:
         where = f"templates/{name}" + (f":{exc.lineno}" if getattr(exc, "lineno", None) else "")
         raise RenderError(f"{where}: {exc}") from None

@@ -50,8 +50,10 @@ class Profiles:
             if (profile.arch, profile.interconnect) == (host.gpu.arch, host.interconnect):
                 return profile
         known = ", ".join(f"{p.name} ({p.arch}/{p.interconnect})" for p in self.hardware.values())
-        raise RenderError(f"[{host.name}] no hardware profile for gpu.arch {host.gpu.arch} with interconnect "
-                          f"{host.interconnect} (known: {known}); add one to {self.directory / 'hardware.yaml'}")
+        raise RenderError(
+            f"[{host.name}] no hardware profile for gpu.arch {host.gpu.arch} with interconnect "
+            f"{host.interconnect} (known: {known}); add one to {self.directory / 'hardware.yaml'}"
+        )
 
 
 def _document(path: Path, model):
@@ -59,10 +61,16 @@ def _document(path: Path, model):
 
 
 def _hardware(name: str, doc: HardwareProfileDoc) -> HardwareProfile:
-    return HardwareProfile(name=name, description=doc.description, arch=doc.match.arch,
-                           interconnect=doc.match.interconnect, tree_mask_backends=tuple(doc.tree_mask_backends),
-                           unavailable_attention_backends=dict(doc.unavailable_attention_backends),
-                           unavailable_a2a_backends=dict(doc.unavailable_a2a_backends), values=dict(doc.values))
+    return HardwareProfile(
+        name=name,
+        description=doc.description,
+        arch=doc.match.arch,
+        interconnect=doc.match.interconnect,
+        tree_mask_backends=tuple(doc.tree_mask_backends),
+        unavailable_attention_backends=dict(doc.unavailable_attention_backends),
+        unavailable_a2a_backends=dict(doc.unavailable_a2a_backends),
+        values=dict(doc.values),
+    )
 
 
 def load_profiles(directory: Path | None = None) -> Profiles:
@@ -75,4 +83,5 @@ def load_profiles(directory: Path | None = None) -> Profiles:
         directory=directory,
         defaults=_document(directory / "defaults.yaml", DefaultsDoc).root,
         hardware={n: _hardware(n, doc) for n, doc in hardware.items()},
-        topologies={n: Topology(n, doc.description, dict(doc.values)) for n, doc in topologies.items()})
+        topologies={n: Topology(n, doc.description, dict(doc.values)) for n, doc in topologies.items()},
+    )

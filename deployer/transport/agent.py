@@ -55,8 +55,12 @@ import time
 STATE_REF = "refs/ddeploy/state"
 PRE_REF = "refs/ddeploy/pre-deploy"
 ZERO = "0" * 40
-IDENTITY = {"GIT_AUTHOR_NAME": "ddeploy", "GIT_AUTHOR_EMAIL": "ddeploy@localhost",
-            "GIT_COMMITTER_NAME": "ddeploy", "GIT_COMMITTER_EMAIL": "ddeploy@localhost"}
+IDENTITY = {
+    "GIT_AUTHOR_NAME": "ddeploy",
+    "GIT_AUTHOR_EMAIL": "ddeploy@localhost",
+    "GIT_COMMITTER_NAME": "ddeploy",
+    "GIT_COMMITTER_EMAIL": "ddeploy@localhost",
+}
 # Patch commits are reproducible: the same set on the same base gives the same commits everywhere.
 FIXED_DATES = {"GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000"}
 
@@ -94,15 +98,22 @@ class Repo:
 
     def run(self, *args, input=None, env=None, check=True):
         full = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-        full.update({"GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C",
-                     "GIT_OPTIONAL_LOCKS": "0"})
+        full.update({"GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "GIT_OPTIONAL_LOCKS": "0"})
         full.update(IDENTITY)
         full.update(env or {})
-        proc = subprocess.run(["git", "--literal-pathspecs", "-C", self.path] + list(args), input=input,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full)
+        proc = subprocess.run(
+            ["git", "--literal-pathspecs", "-C", self.path] + list(args),
+            input=input,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=full,
+        )
         if check and proc.returncode != 0:
             err = proc.stderr.decode(errors="replace").strip().splitlines()
-            raise Fail("RemoteCommandError", "git %s failed in %s: %s" % (args[0], self.path, err[-1] if err else proc.returncode))
+            raise Fail(
+                "RemoteCommandError",
+                "git %s failed in %s: %s" % (args[0], self.path, err[-1] if err else proc.returncode),
+            )
         return proc
 
     def out(self, *args, **kw) -> str:
@@ -144,7 +155,7 @@ def read_state(repo: Repo):
         try:
             state.update(json.loads(p.stdout.decode()))
         except ValueError:
-            raise Fail("StateError", "%s in %s has no readable state.json" % (STATE_REF, repo.path))
+            raise Fail("StateError", "%s in %s has no readable state.json" % (STATE_REF, repo.path)) from None
     return commit, state
 
 
@@ -198,8 +209,13 @@ def pid_alive(pid: int) -> bool:
 
 def describe_owner(owner) -> str:
     age = time.time() - float(owner.get("time", time.time()))
-    return "%s (pid %s on %s) running `%s` for %.0fs" % (owner.get("by", "?"), owner.get("pid", "?"),
-                                                     owner.get("host", "?"), owner.get("command", "?"), age)
+    return "%s (pid %s on %s) running `%s` for %.0fs" % (
+        owner.get("by", "?"),
+        owner.get("pid", "?"),
+        owner.get("host", "?"),
+        owner.get("command", "?"),
+        age,
+    )
 
 
 def acquire(repo: Repo, req: dict) -> None:
@@ -215,14 +231,26 @@ def acquire(repo: Repo, req: dict) -> None:
                 progress("broke the stale lock of dead pid %s" % owner.get("pid"))
                 continue
             if not owner:
-                raise Fail("LockError", "checkout %s is locked (no owner recorded); if no deploy runs, "
-                           "run `ddeploy lock release`" % repo.path)
-            raise Fail("LockError", "checkout %s is locked by %s; wait for it, or if it is stale run "
-                       "`ddeploy lock release`" % (repo.path, describe_owner(owner)))
+                raise Fail(
+                    "LockError",
+                    "checkout %s is locked (no owner recorded); if no deploy runs, "
+                    "run `ddeploy lock release`" % repo.path,
+                ) from None
+            raise Fail(
+                "LockError",
+                "checkout %s is locked by %s; wait for it, or if it is stale run "
+                "`ddeploy lock release`" % (repo.path, describe_owner(owner)),
+            ) from None
     else:
         raise Fail("LockError", "checkout %s: cannot take the lock" % repo.path)
-    owner = {"by": req.get("by", "?"), "user": req.get("by", "?").split("@")[0], "host": socket.gethostname(),
-             "pid": os.getpid(), "time": time.time(), "command": req.get("command", req.get("op"))}
+    owner = {
+        "by": req.get("by", "?"),
+        "user": req.get("by", "?").split("@")[0],
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "time": time.time(),
+        "command": req.get("command", req.get("op")),
+    }
     with open(os.path.join(path, "owner.json"), "w") as fh:
         json.dump(owner, fh)
 
@@ -263,11 +291,13 @@ def load_patches(req: dict, workdir: str) -> list:
                 with open(path, "rb") as fh:
                     data = fh.read()
             except OSError:
-                raise Fail("NeedShip", "patch set not on the host yet")
+                raise Fail("NeedShip", "patch set not on the host yet") from None
             if hashlib.sha256(data).hexdigest() != p["sha256"]:
                 raise Fail("NeedShip", "patch %s on the host differs; ship it again" % p["name"])
         if hashlib.sha256(data).hexdigest() != p["sha256"]:
-            raise Fail("ChecksumError", "patch %s arrived corrupted on the host (sha256 mismatch); push again" % p["name"])
+            raise Fail(
+                "ChecksumError", "patch %s arrived corrupted on the host (sha256 mismatch); push again" % p["name"]
+            )
         out.append((p["name"], path, p["sha256"], p["files"]))
     return out
 
@@ -283,7 +313,9 @@ def check_series(repo: Repo, pre: str, patches: list, three_way: bool) -> list:
             paths.append(path)
             p = repo.run("apply", "--cached", "--check", *paths, env=env, check=False)
             err = _last_line(p.stderr)
-            results.append({"name": name, "files": files, "ok": p.returncode == 0, "error": None if p.returncode == 0 else err})
+            results.append(
+                {"name": name, "files": files, "ok": p.returncode == 0, "error": None if p.returncode == 0 else err}
+            )
             if p.returncode != 0:
                 if three_way:
                     results[-1]["error"] += " (a 3-way merge will be attempted)"
@@ -311,8 +343,11 @@ def build_commits(repo: Repo, pre: str, patches: list, spec: dict, three_way: bo
             args = ["apply", "--cached"] + (["--3way"] if three_way else []) + [path]
             p = repo.run(*args, env=env, check=False)
             if p.returncode != 0:
-                raise Fail("ConflictError", "patch %s does not apply to %s: %s; nothing was changed%s" % (
-                    name, repo.path, _last_line(p.stderr), "" if three_way else " (try --3way)"))
+                raise Fail(
+                    "ConflictError",
+                    "patch %s does not apply to %s: %s; nothing was changed%s"
+                    % (name, repo.path, _last_line(p.stderr), "" if three_way else " (try --3way)"),
+                )
             tree = repo.out("write-tree", env=env)
             msg = "%s %s: %s\n\nsha256: %s\n" % (spec["name"], spec["version"], name, sha)
             parent = repo.out("commit-tree", tree, "-p", parent, "-m", msg, env=env)
@@ -337,9 +372,16 @@ def facts(repo: Repo) -> dict:
     drift = repo.dirty()
     if applied and head != applied.get("head"):
         drift = ["HEAD moved from %s to %s" % (applied["head"][:12], head[:12])] + drift
-    return {"head": head, "tree": repo.rev("HEAD^{tree}"), "branch": repo.branch(), "state": state,
-            "state_commit": state_commit, "drift": drift, "lock": read_lock(repo),
-            "journal": os.path.exists(journal_path(repo))}
+    return {
+        "head": head,
+        "tree": repo.rev("HEAD^{tree}"),
+        "branch": repo.branch(),
+        "state": state,
+        "state_commit": state_commit,
+        "drift": drift,
+        "lock": read_lock(repo),
+        "journal": os.path.exists(journal_path(repo)),
+    }
 
 
 def journal_path(repo: Repo) -> str:
@@ -352,11 +394,23 @@ def plan(repo: Repo, req: dict, f: dict, patches: list) -> dict:
     state = f["state"]
     applied = state.get("applied")
     pre = (state.get("pre_deploy") or {}).get("commit") or f["head"]
-    out = {"version": spec["version"], "from": applied and applied["version"], "pre_deploy": pre,
-           "files": spec["files"], "patches": [], "drift": [], "blocked": None, "head": f["head"]}
+    out = {
+        "version": spec["version"],
+        "from": applied and applied["version"],
+        "pre_deploy": pre,
+        "files": spec["files"],
+        "patches": [],
+        "drift": [],
+        "blocked": None,
+        "head": f["head"],
+    }
     if not repo.exists(spec["base_tree"] + "^{tree}"):
-        raise Fail("BaseTreeError", "%s does not contain the SGLang %s base tree %s; it is not a %s checkout "
-                   "(or a shallow clone): clone the base there" % (repo.path, spec["base_version"], spec["base_tree"][:12], spec["base_version"]))
+        raise Fail(
+            "BaseTreeError",
+            "%s does not contain the SGLang %s base tree %s; it is not a %s checkout "
+            "(or a shallow clone): clone the base there"
+            % (repo.path, spec["base_version"], spec["base_tree"][:12], spec["base_version"]),
+        )
     if applied and applied.get("fingerprint") == spec["fingerprint"] and applied["head"] == f["head"]:
         out["action"] = "noop"
     else:
@@ -396,7 +450,9 @@ def save_edits(repo: Repo, files: list, req: dict, op: str) -> str:
     commit = repo.out("commit-tree", tree, "-p", "HEAD", "-m", msg)
     ref = "refs/ddeploy/saved/%s-%d" % (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), os.getpid())
     repo.run("update-ref", ref, commit, ZERO)
-    progress("saved hand edits in %d path(s) as %s (recover: git -C %s diff HEAD %s)" % (len(files), ref, repo.path, ref))
+    progress(
+        "saved hand edits in %d path(s) as %s (recover: git -C %s diff HEAD %s)" % (len(files), ref, repo.path, ref)
+    )
     if real:
         switch_files(repo, "HEAD", real)
     return ref
@@ -457,11 +513,30 @@ def recover(repo: Repo) -> bool:
     return True
 
 
-def transact(repo: Repo, req: dict, op: str, target: str, old_head: str, extra_files: list, engine_state: dict,
-             refs: dict, message: str, branch) -> None:
+def transact(
+    repo: Repo,
+    req: dict,
+    op: str,
+    target: str,
+    old_head: str,
+    extra_files: list,
+    engine_state: dict,
+    refs: dict,
+    message: str,
+    branch,
+) -> None:
     files = sorted(set(repo.diff_names(old_head, target)) | set(extra_files))
-    journal = {"op": op, "target": target, "files": files, "branch": branch, "refs": refs,
-               "state": engine_state, "message": message, "by": req.get("by"), "started": now()}
+    journal = {
+        "op": op,
+        "target": target,
+        "files": files,
+        "branch": branch,
+        "refs": refs,
+        "state": engine_state,
+        "message": message,
+        "by": req.get("by"),
+        "started": now(),
+    }
     # Test hook (DDEPLOY_TEST_AGENT_PAUSE="[before_switch|mid_switch:]SECONDS"): a window in which
     # a test cuts the connection or kills this process.
     where, _, secs = str(req.get("options", {}).get("pause") or "").rpartition(":")
@@ -487,8 +562,13 @@ def op_push(repo: Repo, req: dict) -> dict:
             p = plan(repo, req, f, patches)
             if p["blocked"]:
                 kind = "DriftError" if p["drift"] and not opts.get("force") else "ConflictError"
-                hint = ("; rerun with --force to save them (recoverable) and go on" if kind == "DriftError"
-                        else "" if opts.get("three_way") else " (rerun with --3way to merge)")
+                hint = (
+                    "; rerun with --force to save them (recoverable) and go on"
+                    if kind == "DriftError"
+                    else ""
+                    if opts.get("three_way")
+                    else " (rerun with --3way to merge)"
+                )
                 raise Fail(kind, "%s: %s%s; nothing was changed" % (repo.path, p["blocked"], hint))
             if p["action"] == "noop":
                 progress("%s %s is already applied; nothing to do" % (spec["name"], spec["version"]))
@@ -513,17 +593,46 @@ def _push_apply(repo: Repo, req: dict, f: dict, p: dict, patches: list, saved) -
         progress("building %d patch commit(s) on %s" % (len(patches), pre["commit"][:12]))
         made = build_commits(repo, pre["commit"], patches, spec, opts.get("three_way", False))
         target = made[-1]["commit"] if made else pre["commit"]
-    applied = {"name": spec["name"], "version": spec["version"], "fingerprint": spec["fingerprint"],
-               "patches": made, "files": spec["files"], "head": target, "tree": repo.rev(target + "^{tree}"),
-               "three_way": bool(opts.get("three_way")), "by": req.get("by"), "at": now()}
-    last = {"action": "push", "version": spec["version"], "from": applied_before and applied_before["version"],
-            "by": req.get("by"), "at": applied["at"], "saved": saved}
-    message = "push %s %s%s by %s" % (spec["name"], spec["version"],
-                                      " over %s" % last["from"] if last["from"] else "", req.get("by"))
+    applied = {
+        "name": spec["name"],
+        "version": spec["version"],
+        "fingerprint": spec["fingerprint"],
+        "patches": made,
+        "files": spec["files"],
+        "head": target,
+        "tree": repo.rev(target + "^{tree}"),
+        "three_way": bool(opts.get("three_way")),
+        "by": req.get("by"),
+        "at": now(),
+    }
+    last = {
+        "action": "push",
+        "version": spec["version"],
+        "from": applied_before and applied_before["version"],
+        "by": req.get("by"),
+        "at": applied["at"],
+        "saved": saved,
+    }
+    message = "push %s %s%s by %s" % (
+        spec["name"],
+        spec["version"],
+        " over %s" % last["from"] if last["from"] else "",
+        req.get("by"),
+    )
     refs = {PRE_REF: pre["commit"], "refs/ddeploy/versions/" + spec["version"]: target}
     progress("switching the checkout to %s %s" % (spec["name"], spec["version"]))
-    transact(repo, req, "push", target, head, (applied_before or {}).get("files", []),
-             {"applied": applied, "pre_deploy": pre, "last": last}, refs, message, pre.get("branch"))
+    transact(
+        repo,
+        req,
+        "push",
+        target,
+        head,
+        (applied_before or {}).get("files", []),
+        {"applied": applied, "pre_deploy": pre, "last": last},
+        refs,
+        message,
+        pre.get("branch"),
+    )
     return {"ok": True, "changed": True, "plan": p, "applied": applied, "saved": saved}
 
 
@@ -536,7 +645,12 @@ def op_rollback(repo: Repo, req: dict) -> dict:
         state = f["state"]
         applied = state.get("applied")
         if not applied:
-            return {"ok": True, "changed": False, "recovered": recovered, "message": "nothing is applied; nothing to roll back"}
+            return {
+                "ok": True,
+                "changed": False,
+                "recovered": recovered,
+                "message": "nothing is applied; nothing to roll back",
+            }
         pre = state["pre_deploy"]
         to = opts.get("to")
         if to == applied["version"]:
@@ -545,15 +659,24 @@ def op_rollback(repo: Repo, req: dict) -> dict:
         if to:
             target = repo.rev("refs/ddeploy/versions/%s^{commit}" % to)
             if not target or repo.run("merge-base", "--is-ancestor", pre["commit"], target, check=False).returncode:
-                known = [r.rsplit("/", 1)[1] for r in repo.out("for-each-ref", "--format=%(refname)", "refs/ddeploy/versions").split()]
-                raise Fail("StateError", "version %s was never applied on %s (known: %s)" % (to, repo.path, ", ".join(known) or "none"))
+                known = [
+                    r.rsplit("/", 1)[1]
+                    for r in repo.out("for-each-ref", "--format=%(refname)", "refs/ddeploy/versions").split()
+                ]
+                raise Fail(
+                    "StateError",
+                    "version %s was never applied on %s (known: %s)" % (to, repo.path, ", ".join(known) or "none"),
+                )
         relevant = set(applied["files"]) | set(repo.diff_names(f["head"], target))
         drift = repo.dirty(relevant)
         if f["head"] != applied["head"]:
             drift.insert(0, "HEAD moved since %s was applied" % applied["version"])
         if drift and not opts.get("force"):
-            raise Fail("DriftError", "%s: hand edits in %s; rerun with --force to save them (recoverable) and "
-                       "roll back; nothing was changed" % (repo.path, ", ".join(drift[:5])))
+            raise Fail(
+                "DriftError",
+                "%s: hand edits in %s; rerun with --force to save them (recoverable) and "
+                "roll back; nothing was changed" % (repo.path, ", ".join(drift[:5])),
+            )
         saved = save_edits(repo, drift, req, "rollback") if drift else None
         return _rollback_apply(repo, req, f, target, to, saved, recovered)
     finally:
@@ -563,8 +686,16 @@ def op_rollback(repo: Repo, req: dict) -> dict:
 def _rollback_apply(repo, req, f, target, to, saved, recovered) -> dict:
     state = f["state"]
     applied, pre = state["applied"], state["pre_deploy"]
-    engine = {"last": {"action": "rollback", "version": to, "from": applied["version"], "by": req.get("by"),
-                       "at": now(), "saved": saved}}
+    engine = {
+        "last": {
+            "action": "rollback",
+            "version": to,
+            "from": applied["version"],
+            "by": req.get("by"),
+            "at": now(),
+            "saved": saved,
+        }
+    }
     if to:
         _c, older = _find_applied(repo, to, pre["commit"])
         engine["applied"] = dict(older, at=now(), by=req.get("by"))
@@ -574,10 +705,28 @@ def _rollback_apply(repo, req, f, target, to, saved, recovered) -> dict:
         refs = {PRE_REF: None}
     message = "rollback %s -> %s by %s" % (applied["version"], to or "pre-deploy", req.get("by"))
     progress("rolling back %s to %s" % (applied["version"], to or "the pre-deploy state %s" % pre["commit"][:12]))
-    transact(repo, req, "rollback", target, repo.rev("HEAD^{commit}"), applied["files"], engine, refs, message,
-             pre.get("branch"))
-    return {"ok": True, "changed": True, "from": applied["version"], "to": to, "head": target,
-            "tree": repo.rev(target + "^{tree}"), "saved": saved, "recovered": recovered}
+    transact(
+        repo,
+        req,
+        "rollback",
+        target,
+        repo.rev("HEAD^{commit}"),
+        applied["files"],
+        engine,
+        refs,
+        message,
+        pre.get("branch"),
+    )
+    return {
+        "ok": True,
+        "changed": True,
+        "from": applied["version"],
+        "to": to,
+        "head": target,
+        "tree": repo.rev(target + "^{tree}"),
+        "saved": saved,
+        "recovered": recovered,
+    }
 
 
 def _find_applied(repo: Repo, version: str, pre: str):
@@ -588,8 +737,11 @@ def _find_applied(repo: Repo, version: str, pre: str):
             applied = json.loads(p.stdout.decode()).get("applied")
         except ValueError:
             continue
-        if applied and applied["version"] == version and repo.run(
-                "merge-base", "--is-ancestor", pre, applied["head"], check=False).returncode == 0:
+        if (
+            applied
+            and applied["version"] == version
+            and repo.run("merge-base", "--is-ancestor", pre, applied["head"], check=False).returncode == 0
+        ):
             return line, applied
     raise Fail("StateError", "no record of %s being applied in %s" % (version, STATE_REF))
 
@@ -638,8 +790,7 @@ def op_lock_release(repo: Repo, req: dict) -> dict:
 
 # ---------------------------------------------------------------- kernel builds (`ddeploy build`)
 # Minimum nvcc per arch (archs not listed rely on `nvcc --list-gpu-arch`).
-MIN_NVCC = {(9, 0): (11, 8), (10, 0): (12, 8), (12, 0): (12, 8), (10, 3): (12, 9), (12, 1): (12, 9),
-            (11, 0): (13, 0)}
+MIN_NVCC = {(9, 0): (11, 8), (10, 0): (12, 8), (12, 0): (12, 8), (10, 3): (12, 9), (12, 1): (12, 9), (11, 0): (13, 0)}
 # The kernel-build concern's sources (tests excluded): what a rebuild depends on.
 KERNEL_DIR = "python/sglang/kernels/jit"
 KERNEL_FILES = ["python/sglang/srt/speculative/ddtree_kernel.py", "python/sglang/srt/speculative/ddtree_build.py"]
@@ -660,8 +811,9 @@ class Toolkit:
 def run_tool(argv: list, env=None, cwd=None):
     """(rc, stdout, stderr) of a command; rc 127 when it does not exist."""
     try:
-        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd,
-                           env=dict(os.environ, **(env or {})))
+        p = subprocess.run(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=dict(os.environ, **(env or {}))
+        )
     except OSError as exc:
         return 127, "", "%s: %s" % (argv[0], exc.strerror)
     return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
@@ -699,9 +851,12 @@ def check_gpus_match(target: dict, gpus):
     want = tuple(target["capability"])
     for name, cap in gpus:
         if cap != want:
-            raise Fail("BuildError", "inventory says gpu.arch %s (%s) in %s, but nvidia-smi reports %s, compute "
-                       "capability %d.%d (sm_%d%d); fix gpu.arch in the inventory" % (
-                           target["arch"], target["model"], target["source"], name, cap[0], cap[1], cap[0], cap[1]))
+            raise Fail(
+                "BuildError",
+                "inventory says gpu.arch %s (%s) in %s, but nvidia-smi reports %s, compute "
+                "capability %d.%d (sm_%d%d); fix gpu.arch in the inventory"
+                % (target["arch"], target["model"], target["source"], name, cap[0], cap[1], cap[0], cap[1]),
+            )
     return gpus[0][0]
 
 
@@ -722,8 +877,11 @@ def resolve_cuda_home(target: dict) -> str:
         return "/usr/local/cuda"
     nvcc = shutil.which("nvcc")
     if not nvcc:
-        raise Fail("BuildError", "no CUDA toolkit found (no CUDA_HOME in %s, no /usr/local/cuda, no nvcc on PATH); "
-                   "install CUDA >= 12.8 or set env.CUDA_HOME" % target["source"])
+        raise Fail(
+            "BuildError",
+            "no CUDA toolkit found (no CUDA_HOME in %s, no /usr/local/cuda, no nvcc on PATH); "
+            "install CUDA >= 12.8 or set env.CUDA_HOME" % target["source"],
+        )
     real = os.path.realpath(nvcc)
     try:  # a wrapper script (exec /path/bin/nvcc "$@") names the real toolkit
         with open(real, errors="replace") as fh:
@@ -739,8 +897,11 @@ def probe_toolkit(target: dict, cuda_home: str) -> Toolkit:
     rc, out, _err = run_tool([nvcc, "--version"])
     if rc != 0:
         where = "CUDA_HOME=%s%s" % (cuda_home, " from %s" % target["source"] if target.get("cuda_home") else "")
-        raise Fail("BuildError", "no working nvcc at %s (%s; exit %d); install the CUDA toolkit (>= 12.8 for "
-                   "Blackwell) or point env.CUDA_HOME at one" % (nvcc, where, rc))
+        raise Fail(
+            "BuildError",
+            "no working nvcc at %s (%s; exit %d); install the CUDA toolkit (>= 12.8 for "
+            "Blackwell) or point env.CUDA_HOME at one" % (nvcc, where, rc),
+        )
     version = parse_nvcc_version(out)
     if version is None:
         raise Fail("BuildError", "cannot read the version from `%s --version`: %r" % (nvcc, out.strip()[-200:]))
@@ -755,12 +916,18 @@ def check_toolkit_supports(target: dict, toolkit: Toolkit) -> None:
     need = MIN_NVCC.get((major, minor))
     nvcc = "%s/bin/nvcc" % toolkit.cuda_home
     if need and toolkit.version < need:
-        raise Fail("BuildError", "%s needs nvcc >= %d.%d, but %s is %s; install a newer CUDA toolkit on the host "
-                   "or point env.CUDA_HOME at one" % (arch, need[0], need[1], nvcc, toolkit.version_text))
+        raise Fail(
+            "BuildError",
+            "%s needs nvcc >= %d.%d, but %s is %s; install a newer CUDA toolkit on the host "
+            "or point env.CUDA_HOME at one" % (arch, need[0], need[1], nvcc, toolkit.version_text),
+        )
     if toolkit.archs is not None and "compute_%d%d" % (major, minor) not in toolkit.archs:
         listed = " ".join(sorted(toolkit.archs, key=lambda a: int(re.sub(r"\D", "", a))))
-        raise Fail("BuildError", "nvcc %s at %s cannot build %s (its --list-gpu-arch: %s); use a toolkit that "
-                   "supports %s" % (toolkit.version_text, nvcc, arch, listed, arch))
+        raise Fail(
+            "BuildError",
+            "nvcc %s at %s cannot build %s (its --list-gpu-arch: %s); use a toolkit that "
+            "supports %s" % (toolkit.version_text, nvcc, arch, listed, arch),
+        )
 
 
 def kernel_source_hash(checkout: str):
@@ -780,20 +947,31 @@ def kernel_source_hash(checkout: str):
 
 def check_python_imports_checkout(target: dict, checkout: str) -> None:
     """The host python must import sglang from this checkout (an editable install), not elsewhere."""
-    code = ("import importlib.util as u; s = u.find_spec('sglang'); "
-            "print(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')")
+    code = (
+        "import importlib.util as u; s = u.find_spec('sglang'); "
+        "print(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')"
+    )
     rc, out, err = run_tool([target["python"], "-c", code], cwd="/")
     want = checkout.rstrip("/") + "/python/sglang"
     got = out.strip()
     if rc != 0:
-        raise Fail("BuildError", "cannot run the host python %s (from %s): %s" % (
-            target["python"], target["source"], last_text_line(err, default="exit %d" % rc)))
+        raise Fail(
+            "BuildError",
+            "cannot run the host python %s (from %s): %s"
+            % (target["python"], target["source"], last_text_line(err, default="exit %d" % rc)),
+        )
     if not got:
-        raise Fail("BuildError", "%s cannot import sglang; install the checkout into it (pip install -e %s/python)"
-                   % (target["python"], checkout))
+        raise Fail(
+            "BuildError",
+            "%s cannot import sglang; install the checkout into it (pip install -e %s/python)"
+            % (target["python"], checkout),
+        )
     if os.path.realpath(got) != os.path.realpath(want):
-        raise Fail("BuildError", "%s imports sglang from %s, not from the checkout %s; install the checkout "
-                   "editable (pip install -e %s/python)" % (target["python"], got, want, checkout))
+        raise Fail(
+            "BuildError",
+            "%s imports sglang from %s, not from the checkout %s; install the checkout "
+            "editable (pip install -e %s/python)" % (target["python"], got, want, checkout),
+        )
 
 
 def expand_home(root: str) -> str:
@@ -801,12 +979,13 @@ def expand_home(root: str) -> str:
     home = os.environ.get("HOME", "")
     for prefix in ("~", "$HOME"):
         if root == prefix or root.startswith(prefix + "/"):
-            return (home + root[len(prefix):]).rstrip("/")
+            return (home + root[len(prefix) :]).rstrip("/")
     return root.rstrip("/")
 
 
 def cache_has_build(cache_dir: str, capability) -> bool:
     import glob
+
     pattern = "sm%d%d*/%s/build-*/deps-*/*.so" % (capability[0], capability[1], DDTREE_MODULE)
     return any(os.path.isfile(p) for p in glob.glob(os.path.join(glob.escape(cache_dir), pattern)))
 
@@ -817,22 +996,32 @@ def plan_build(repo: Repo, req: dict) -> dict:
     _c, state = read_state(repo)
     applied = state.get("applied")
     if not applied:
-        raise Fail("BuildError", "no patch set is applied to %s; push one first (ddeploy push --host %s)" % (
-            repo.path, target["name"]))
+        raise Fail(
+            "BuildError",
+            "no patch set is applied to %s; push one first (ddeploy push --host %s)" % (repo.path, target["name"]),
+        )
     check_python_imports_checkout(target, repo.path)
     gpu = check_gpus_match(target, probe_gpus())
     toolkit = probe_toolkit(target, resolve_cuda_home(target))
     check_toolkit_supports(target, toolkit)
     source_hash = kernel_source_hash(repo.path)
     if source_hash is None:
-        raise Fail("BuildError", "no DDTree kernel sources under %s/%s; is the patch set applied?" % (
-            repo.path, KERNEL_DIR))
+        raise Fail(
+            "BuildError", "no DDTree kernel sources under %s/%s; is the patch set applied?" % (repo.path, KERNEL_DIR)
+        )
     major, minor = target["capability"]
-    plan = {"host": target["name"], "arch": "sm_%d%d" % (major, minor), "capability": [major, minor],
-            "toolkit": {"cuda_home": toolkit.cuda_home, "nvcc": toolkit.version_text},
-            "source_hash": source_hash, "version": applied.get("version", "?"), "gpu": gpu,
-            "cache_dir": "%s/%s" % (expand_home(target.get("cache_root") or DEFAULT_CACHE_ROOT), source_hash[:16]),
-            "action": "build", "reason": ""}
+    plan = {
+        "host": target["name"],
+        "arch": "sm_%d%d" % (major, minor),
+        "capability": [major, minor],
+        "toolkit": {"cuda_home": toolkit.cuda_home, "nvcc": toolkit.version_text},
+        "source_hash": source_hash,
+        "version": applied.get("version", "?"),
+        "gpu": gpu,
+        "cache_dir": "%s/%s" % (expand_home(target.get("cache_root") or DEFAULT_CACHE_ROOT), source_hash[:16]),
+        "action": "build",
+        "reason": "",
+    }
     plan["key"] = "%s|%s|%s" % (source_hash, plan["arch"], toolkit.version_text)
     current = (state.get("builds") or {}).get(plan["arch"]) or {}
     known = current.get("known") or {}
@@ -846,8 +1035,10 @@ def plan_build(repo: Repo, req: dict) -> dict:
     else:
         prior = known[plan["key"]]
         plan["action"] = "noop"
-        plan["reason"] = "already built for these sources (version %s, %s)" % (prior.get("version", "?"),
-                                                                               prior.get("at", "?"))
+        plan["reason"] = "already built for these sources (version %s, %s)" % (
+            prior.get("version", "?"),
+            prior.get("at", "?"),
+        )
     return plan
 
 
@@ -864,10 +1055,19 @@ def update_section(repo: Repo, section: str, change, message: str) -> dict:
 
 def record_build(repo: Repo, plan: dict, summary, ok: bool) -> None:
     """builds[arch] = this build (ok or not) plus `known`: every good build by cache key."""
-    record = {"ok": ok, "nvcc": plan["toolkit"]["nvcc"], "cuda_home": plan["toolkit"]["cuda_home"],
-              "source_hash": plan["source_hash"], "cache_dir": plan["cache_dir"], "version": plan["version"],
-              "at": now(), "modules": [{k: m.get(k) for k in ("module", "status", "seconds", "path", "reason")}
-                                       for m in (summary or {}).get("modules", [])]}
+    record = {
+        "ok": ok,
+        "nvcc": plan["toolkit"]["nvcc"],
+        "cuda_home": plan["toolkit"]["cuda_home"],
+        "source_hash": plan["source_hash"],
+        "cache_dir": plan["cache_dir"],
+        "version": plan["version"],
+        "at": now(),
+        "modules": [
+            {k: m.get(k) for k in ("module", "status", "seconds", "path", "reason")}
+            for m in (summary or {}).get("modules", [])
+        ],
+    }
 
     def change(builds):
         builds = dict(builds or {})
@@ -876,27 +1076,33 @@ def record_build(repo: Repo, plan: dict, summary, ok: bool) -> None:
             known[plan["key"]] = {k: v for k, v in record.items() if k != "ok"}
         builds[plan["arch"]] = dict(record, known=known)
         return builds
+
     update_section(repo, "builds", change, "build %s %s" % (plan["arch"], plan["source_hash"][:12]))
 
 
 def record_reuse(repo: Repo, plan: dict) -> None:
     """A no-op build of sources built before (e.g. after a rollback): make that build current again."""
+
     def change(builds):
         builds = dict(builds or {})
         entry = builds.get(plan["arch"]) or {}
-        if entry.get("ok") and (entry.get("source_hash"), entry.get("version")) == (plan["source_hash"],
-                                                                                   plan["version"]):
+        if entry.get("ok") and (entry.get("source_hash"), entry.get("version")) == (
+            plan["source_hash"],
+            plan["version"],
+        ):
             return builds
         known = entry.get("known") or {}
         # `version` is the applied set this build now serves (launch looks it up by version).
         builds[plan["arch"]] = dict(known[plan["key"]], ok=True, version=plan["version"], known=known)
         return builds
+
     update_section(repo, "builds", change, "build %s %s (cached)" % (plan["arch"], plan["source_hash"][:12]))
 
 
 def drop_arch_cache(plan: dict) -> None:
     """--force: SGLang keeps an existing leaf even when told to recompile, so start from nothing."""
     import glob
+
     pattern = "sm%d%d*" % tuple(plan["capability"])
     for d in glob.glob(os.path.join(glob.escape(plan["cache_dir"]), pattern)):
         if os.path.isdir(d) and not os.path.islink(d):
@@ -907,6 +1113,7 @@ def seed_cache(plan: dict) -> None:
     """Hard-link SGLang's own modules from the previous build: they do not include the overlay's
     kernel sources, and their cache leaves are immutable and self-verifying."""
     import glob
+
     previous = plan.get("previous_cache_dir")
     if not previous or previous == plan["cache_dir"] or not os.path.isdir(previous):
         return
@@ -923,11 +1130,20 @@ def seed_cache(plan: dict) -> None:
 def run_prebuild(repo: Repo, target: dict, plan: dict) -> dict:
     """The prebuild in the host's python env; its stderr is streamed, its stdout is a JSON summary."""
     major, minor = plan["capability"]
-    argv = [target["python"], "-m", PREBUILD_MODULE, "--arch", "%d.%d" % (major, minor), "--cache-dir",
-            plan["cache_dir"], "--json"]
+    argv = [
+        target["python"],
+        "-m",
+        PREBUILD_MODULE,
+        "--arch",
+        "%d.%d" % (major, minor),
+        "--cache-dir",
+        plan["cache_dir"],
+        "--json",
+    ]
     # Bytecode goes into the checkout's .git so the work tree stays clean (no drift).
-    env = dict(os.environ, CUDA_HOME=plan["toolkit"]["cuda_home"],
-               PYTHONPYCACHEPREFIX=os.path.join(repo.ddir, "pycache"))
+    env = dict(
+        os.environ, CUDA_HOME=plan["toolkit"]["cuda_home"], PYTHONPYCACHEPREFIX=os.path.join(repo.ddir, "pycache")
+    )
     sys.stderr.flush()
     try:
         p = subprocess.run(argv, cwd=repo.path, env=env, stdout=subprocess.PIPE, stderr=None)
@@ -941,21 +1157,26 @@ def run_prebuild(repo: Repo, target: dict, plan: dict) -> dict:
         summary = None
     if rc != 0 or not isinstance(summary, dict):
         failed = [m for m in (summary or {}).get("modules", []) if m.get("status") == "failed"]
-        detail = ("%s: %s" % (failed[0]["module"], failed[0].get("reason", "")[-300:]) if failed
-                  else "see the output above")
+        detail = (
+            "%s: %s" % (failed[0]["module"], failed[0].get("reason", "")[-300:]) if failed else "see the output above"
+        )
         raise Fail("BuildError", "kernel build for %s failed (exit %d): %s" % (plan["arch"], rc, detail))
     return summary
 
 
 def serve_hint(plan: dict) -> str:
-    return ("serve with the prebuilt kernels: SGLANG_JIT_CACHE_DIR=%s SGLANG_CRASH_ON_JIT_COMPILE=1 "
-            "python -m sglang.launch_server ..." % plan["cache_dir"])
+    return (
+        "serve with the prebuilt kernels: SGLANG_JIT_CACHE_DIR=%s SGLANG_CRASH_ON_JIT_COMPILE=1 "
+        "python -m sglang.launch_server ..." % plan["cache_dir"]
+    )
 
 
 def announce(plan: dict) -> None:
     gpu = " (%s, checked with nvidia-smi)" % plan["gpu"] if plan["gpu"] else " (from the inventory)"
-    progress("arch %s%s, nvcc %s at %s, sources %s" % (plan["arch"], gpu, plan["toolkit"]["nvcc"],
-                                                       plan["toolkit"]["cuda_home"], plan["source_hash"][:12]))
+    progress(
+        "arch %s%s, nvcc %s at %s, sources %s"
+        % (plan["arch"], gpu, plan["toolkit"]["nvcc"], plan["toolkit"]["cuda_home"], plan["source_hash"][:12])
+    )
 
 
 def op_build(repo: Repo, req: dict) -> dict:
@@ -1000,33 +1221,51 @@ TEST_DIR = "test/srt/ddtree"
 def junit_totals(xml_text: str):
     """Totals over every <testsuite> of a pytest JUnit report, or None when it cannot be read."""
     import xml.etree.ElementTree as ET
+
     try:
-        root = ET.fromstring(xml_text)
+        root = ET.fromstring(xml_text)  # noqa: S314 - the report pytest just wrote here
     except ET.ParseError:
         return None
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
     total = {k: sum(int(s.get(k, 0) or 0) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
     duration = sum(float(s.get("time", 0) or 0) for s in suites)
     passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
-    return {"tests": total["tests"], "passed": passed, "failed": total["failures"], "errors": total["errors"],
-            "skipped": total["skipped"], "duration": duration}
+    return {
+        "tests": total["tests"],
+        "passed": passed,
+        "failed": total["failures"],
+        "errors": total["errors"],
+        "skipped": total["skipped"],
+        "duration": duration,
+    }
 
 
 def describe_totals(t: dict) -> str:
-    return "%d passed, %d failed, %d skipped, %d errors in %.1fs" % (t["passed"], t["failed"], t["skipped"],
-                                                                    t["errors"], t["duration"])
+    return "%d passed, %d failed, %d skipped, %d errors in %.1fs" % (
+        t["passed"],
+        t["failed"],
+        t["skipped"],
+        t["errors"],
+        t["duration"],
+    )
 
 
 def check_applied_for_tests(state: dict, req: dict) -> dict:
     applied = state.get("applied")
     name = req["target"]["name"]
     if not applied:
-        raise Fail("StateError", "no patch set is applied to %s, so it has no overlay tests; push one first "
-                   "(ddeploy push --host %s)" % (req["checkout"], name))
+        raise Fail(
+            "StateError",
+            "no patch set is applied to %s, so it has no overlay tests; push one first "
+            "(ddeploy push --host %s)" % (req["checkout"], name),
+        )
     want = req.get("requested")
     if want and applied.get("fingerprint") != want["fingerprint"]:
-        raise Fail("StateError", "%s %s is applied, not the requested %s %s; push %s first or drop --version" % (
-            applied.get("name"), applied.get("version"), want["name"], want["version"], want["version"]))
+        raise Fail(
+            "StateError",
+            "%s %s is applied, not the requested %s %s; push %s first or drop --version"
+            % (applied.get("name"), applied.get("version"), want["name"], want["version"], want["version"]),
+        )
     return applied
 
 
@@ -1039,11 +1278,28 @@ def op_test(repo: Repo, req: dict) -> dict:
     reports = os.path.join(repo.ddir, "test-reports")
     os.makedirs(reports, exist_ok=True)
     junit = os.path.join(reports, "%s.xml" % req["stamp"])
-    progress("running %s of %s %s with %s%s" % (TEST_DIR, applied.get("name"), applied.get("version"),
-                                               req["target"]["python"],
-                                               " (-k %s)" % opts["k"] if opts.get("k") else ""))
-    argv = [req["target"]["python"], "-m", "pytest", TEST_DIR, "-q", "-p", "no:cacheprovider",
-            "-o", "junit_family=xunit2", "--junitxml=" + junit] + (["-k", opts["k"]] if opts.get("k") else [])
+    progress(
+        "running %s of %s %s with %s%s"
+        % (
+            TEST_DIR,
+            applied.get("name"),
+            applied.get("version"),
+            req["target"]["python"],
+            " (-k %s)" % opts["k"] if opts.get("k") else "",
+        )
+    )
+    argv = [
+        req["target"]["python"],
+        "-m",
+        "pytest",
+        TEST_DIR,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "junit_family=xunit2",
+        "--junitxml=" + junit,
+    ] + (["-k", opts["k"]] if opts.get("k") else [])
     env = dict(os.environ, PYTHONPYCACHEPREFIX=os.path.join(repo.ddir, "pycache"))
     sys.stderr.flush()
     try:  # all of pytest's output on stderr: the client streams it line by line as `[host] ...`
@@ -1057,10 +1313,14 @@ def op_test(repo: Repo, req: dict) -> dict:
     except FileNotFoundError:
         xml_text = None
     totals = junit_totals(xml_text) if xml_text is not None else None
-    record = {"ok": bool(totals and totals["failed"] == 0 and totals["errors"] == 0 and totals["tests"] > 0
-                         and rc == 0),
-              "rc": rc, "version": applied.get("version"), "k": opts.get("k"), "at": now(),
-              "report": req.get("report") or junit}
+    record = {
+        "ok": bool(totals and totals["failed"] == 0 and totals["errors"] == 0 and totals["tests"] > 0 and rc == 0),
+        "rc": rc,
+        "version": applied.get("version"),
+        "k": opts.get("k"),
+        "at": now(),
+        "report": req.get("report") or junit,
+    }
     record.update(totals or {})
     record["summary"] = describe_totals(totals) if totals else "pytest exit %d" % rc
     update_section(repo, "tests", lambda _old: record, "test %s: %s" % (applied.get("version"), record["summary"]))
@@ -1080,12 +1340,14 @@ def read_launch(base: str):
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise Fail("StateError", "cannot read the launch record %s (%s); fix its permissions or run as its "
-                   "owner" % (path, exc.strerror))
+        raise Fail(
+            "StateError",
+            "cannot read the launch record %s (%s); fix its permissions or run as its owner" % (path, exc.strerror),
+        ) from None
     try:
         return json.loads(text)
     except ValueError:
-        raise Fail("StateError", "%s is not valid JSON; remove it after checking nothing runs" % path)
+        raise Fail("StateError", "%s is not valid JSON; remove it after checking nothing runs" % path) from None
 
 
 def write_launch(base: str, record: dict) -> None:
@@ -1116,8 +1378,14 @@ def start_unit(remote: str, unit: dict) -> dict:
         fh.write("=== ddeploy launch %s at %s ===\n" % (unit["script_file"], now()))
         fh.flush()
         # Its own session (setsid): it leads its own process group, and stop signals exactly that group.
-        proc = subprocess.Popen(["nohup", "bash", "./" + unit["script_file"]], cwd=remote, stdin=subprocess.DEVNULL,
-                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["nohup", "bash", "./" + unit["script_file"]],
+            cwd=remote,
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     started = start_time(proc.pid)
     if started is None:
         raise Fail("RemoteCommandError", "%s did not start (exited at once); see %s" % (unit["script_file"], log))
@@ -1150,8 +1418,11 @@ def op_launch(repo: Repo, req: dict) -> dict:
     previous = read_launch(base)
     running = alive_units(previous)
     if running:
-        raise Fail("StateError", "topology %s is still running (pid %s); run `ddeploy stop --host %s` first" % (
-            previous["topology"], ", ".join(str(u["pid"]) for u in running), req["target"]["name"]))
+        raise Fail(
+            "StateError",
+            "topology %s is still running (pid %s); run `ddeploy stop --host %s` first"
+            % (previous["topology"], ", ".join(str(u["pid"]) for u in running), req["target"]["name"]),
+        )
     remote = os.path.join(base, req["topology"])
     write_units(remote, units)
     record = {"topology": req["topology"], "dir": remote, "state": "running", "started_at": now(), "units": []}
@@ -1175,8 +1446,10 @@ def op_logs(repo: Repo, req: dict) -> dict:
     base = req["base"]
     record = read_launch(base)
     if record is None:
-        raise Fail("StateError", "nothing was launched here (no %s); run `ddeploy launch` first" %
-                   os.path.join(base, LAUNCH_RECORD))
+        raise Fail(
+            "StateError",
+            "nothing was launched here (no %s); run `ddeploy launch` first" % os.path.join(base, LAUNCH_RECORD),
+        )
     files = [u["log"] for u in record["units"]]
     argv = ["tail", "-n", str(int(req.get("lines", 50)))]
     if req.get("follow"):
@@ -1198,8 +1471,10 @@ def op_stop(repo: Repo, req: dict) -> dict:
         elif record.get("state") == "stopped":
             what = "last launch %s was stopped at %s" % (record["topology"], record.get("stopped_at", "?"))
         else:
-            what = "last launch %s has exited (see `ddeploy logs --host %s`)" % (record["topology"],
-                                                                                req["target"]["name"])
+            what = "last launch %s has exited (see `ddeploy logs --host %s`)" % (
+                record["topology"],
+                req["target"]["name"],
+            )
         raise Fail("StateError", "nothing to stop: %s" % what)
     for u in running:
         signal_group(int(u["pid"]), signal.SIGTERM)
@@ -1237,9 +1512,22 @@ def op_state(repo: Repo, req: dict) -> dict:
     return {"ok": True, "state": read_state(repo)[1]}
 
 
-OPS = {"push": op_push, "rollback": op_rollback, "status": op_status, "plan": op_plan, "log": op_log,
-       "lock-status": op_lock_status, "lock-release": op_lock_release, "build": op_build, "sources": op_sources,
-       "test": op_test, "state": op_state, "launch": op_launch, "logs": op_logs, "stop": op_stop}
+OPS = {
+    "push": op_push,
+    "rollback": op_rollback,
+    "status": op_status,
+    "plan": op_plan,
+    "log": op_log,
+    "lock-status": op_lock_status,
+    "lock-release": op_lock_release,
+    "build": op_build,
+    "sources": op_sources,
+    "test": op_test,
+    "state": op_state,
+    "launch": op_launch,
+    "logs": op_logs,
+    "stop": op_stop,
+}
 # Work on launches beside the checkout, not in it: the checkout need not exist.
 NO_CHECKOUT = ("launch", "logs", "stop")
 # Interactive: they end with the client (a cut connection stops `logs --follow`).
@@ -1266,13 +1554,19 @@ def main(argv: list, request=None) -> int:
         if op not in OPS:
             raise Fail("UsageError", "unknown agent operation %r" % op)
         if op not in NO_CHECKOUT and not os.path.isdir(req["checkout"]):
-            raise Fail("StateError", "checkout %s does not exist on this host; create it (clone SGLang "
-                       "0.5.23) or fix `checkout` in the inventory" % req["checkout"])
+            raise Fail(
+                "StateError",
+                "checkout %s does not exist on this host; create it (clone SGLang "
+                "0.5.23) or fix `checkout` in the inventory" % req["checkout"],
+            )
         result = OPS[op](Repo(req["checkout"]), req)
     except Fail as exc:
         result = {"ok": False, "error": {"kind": exc.kind, "message": str(exc)}}
     except Exception as exc:  # noqa: BLE001 - reported as data, never a traceback on the wire
-        result = {"ok": False, "error": {"kind": "RemoteCommandError", "message": "agent failed: %s: %s" % (type(exc).__name__, exc)}}
+        result = {
+            "ok": False,
+            "error": {"kind": "RemoteCommandError", "message": "agent failed: %s: %s" % (type(exc).__name__, exc)},
+        }
     try:
         sys.stdout.write(json.dumps(result) + "\n")
         sys.stdout.flush()

@@ -65,13 +65,15 @@ class AgentSession:
         self.conn, self.host, self.command = conn, host, command
 
     def _fail(self, what: str) -> errors.RemoteCommandError:
-        return errors.RemoteCommandError(f"the ddeploy agent ({self.host.python}) {what}; check `python` in the "
-                                         f"inventory", host=self.host.name)
+        return errors.RemoteCommandError(
+            f"the ddeploy agent ({self.host.python}) {what}; check `python` in the inventory", host=self.host.name
+        )
 
     def _raw(self, op: str, request: dict[str, Any], stream, timeout) -> dict[str, Any]:
         req = {"op": op, "checkout": self.host.checkout, "by": who(), "command": self.command, **request}
-        res = self.conn.run([self.host.python, "-", op], input=agent_program(req), check=False, stream=stream,
-                            timeout=timeout)
+        res = self.conn.run(
+            [self.host.python, "-", op], input=agent_program(req), check=False, stream=stream, timeout=timeout
+        )
         lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
         if res.rc != 0 or not lines:
             raise self._fail(f"failed with exit {res.rc}: {last_line(res.stderr)} (Python >= 3.8 needed)")
@@ -83,8 +85,16 @@ class AgentSession:
             raise self._fail(f"replied with something that is not a JSON object: {lines[-1][:80]!r}")
         return reply
 
-    def call(self, op: str, request: dict[str, Any], model: type[R], *, stream: Callable[[str], None] | None = None,
-             timeout: float | None = None, passthrough: tuple[str, ...] = ()) -> R:
+    def call(
+        self,
+        op: str,
+        request: dict[str, Any],
+        model: type[R],
+        *,
+        stream: Callable[[str], None] | None = None,
+        timeout: float | None = None,
+        passthrough: tuple[str, ...] = (),
+    ) -> R:
         """Run one agent operation; its reply as `model`, or the error it reported raised as a
         DeployError (error kinds in `passthrough` come back as a failed protocol.Reply instead)."""
         from pydantic import ValidationError
@@ -104,7 +114,9 @@ class AgentSession:
 
 
 @contextmanager
-def agent_session(host: Host, *, accept_new_host_keys: bool = False, command: str = "ddeploy") -> Iterator[AgentSession]:
+def agent_session(
+    host: Host, *, accept_new_host_keys: bool = False, command: str = "ddeploy"
+) -> Iterator[AgentSession]:
     """One connection to the host for every agent call of a command (raises ConnectError)."""
     with open_connection(host, accept_new_host_keys=accept_new_host_keys) as conn:
         yield AgentSession(conn, host, command)

@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 import paramiko
-from paramiko.ssh_exception import (AuthenticationException, BadHostKeyException, NoValidConnectionsError,
-                                    SSHException)
+from paramiko.ssh_exception import AuthenticationException, BadHostKeyException, NoValidConnectionsError, SSHException
 
 from ..errors import ConnectError, RemoteCommandError
 from ..inventory import Host
@@ -40,11 +39,11 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 @dataclass(frozen=True)
 class Timeouts:
-    connect: float = 10.0   # TCP connect
-    banner: float = 10.0    # SSH banner after TCP connect
+    connect: float = 10.0  # TCP connect
+    banner: float = 10.0  # SSH banner after TCP connect
     auth: float = 15.0
     command: float | None = None  # default per-command limit (None: no limit)
-    keepalive: int = 15     # seconds between keepalives; a dead peer is noticed
+    keepalive: int = 15  # seconds between keepalives; a dead peer is noticed
 
     @classmethod
     def from_env(cls) -> "Timeouts":
@@ -58,8 +57,10 @@ class Timeouts:
                 except ValueError:
                     values[name] = float("nan")
                 if not 0 < values[name] < 1e9:  # also refuses nan and inf
-                    raise ConnectError(f"DDEPLOY_{name.upper()}_TIMEOUT={raw!r} is not a number of seconds "
-                                       f"(must be positive and finite)")
+                    raise ConnectError(
+                        f"DDEPLOY_{name.upper()}_TIMEOUT={raw!r} is not a number of seconds "
+                        f"(must be positive and finite)"
+                    )
         return cls(**values)
 
 
@@ -130,13 +131,22 @@ class Connection:
     def name(self) -> str:
         return self.host.name
 
-    def run(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
-            check: bool = True, timeout: float | None = None, stream: Stream | None = None,
-            input: bytes | None = None) -> RunResult:
+    def run(
+        self,
+        argv: list[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        check: bool = True,
+        timeout: float | None = None,
+        stream: Stream | None = None,
+        input: bytes | None = None,
+    ) -> RunResult:
         raise NotImplementedError
 
-    def rsync_to(self, local_path: Path | str, remote_path: str, *, delete: bool = False,
-                 checksum: bool = False) -> None:
+    def rsync_to(
+        self, local_path: Path | str, remote_path: str, *, delete: bool = False, checksum: bool = False
+    ) -> None:
         """Copy like `rsync -a` (checksum=True compares contents, not size and mtime)."""
         raise NotImplementedError
 
@@ -175,8 +185,14 @@ class LocalConnection(Connection):
         full_env = {**os.environ, **self.host.env, **(env or {})}
         timeout = timeout if timeout is not None else self.timeouts.command
         try:
-            proc = subprocess.Popen([str(a) for a in argv], cwd=cwd, env=full_env, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = subprocess.Popen(
+                [str(a) for a in argv],
+                cwd=cwd,
+                env=full_env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
         except OSError as exc:
             return _check(self.name, argv, RunResult(127, "", f"{argv[0]}: {exc.strerror}"), check)
         out, err = _pump_local(proc, input, stream, timeout, self.name)
@@ -189,8 +205,9 @@ class LocalConnection(Connection):
         self._rsync(str(remote_path), str(local_path), None, False)
 
 
-def _pump_local(proc: subprocess.Popen, input: bytes | None, stream: Stream | None, timeout: float | None,
-                host: str) -> tuple[str, str]:
+def _pump_local(
+    proc: subprocess.Popen, input: bytes | None, stream: Stream | None, timeout: float | None, host: str
+) -> tuple[str, str]:
     """Collect stdout, stream stderr line by line (progress), feed stdin; enforce the timeout."""
     if input:
         threading.Thread(target=_feed_stdin, args=(proc.stdin, input), daemon=True).start()
@@ -257,8 +274,11 @@ class SSHConnection(Connection):
             self._configure(fabric, host, timeouts)
         except (paramiko.SSHException, ValueError, OSError) as exc:  # ConfigParseError, a non-integer Port, ...
             where = f"ssh_config {self.ssh_config_path}" if self.ssh_config_path else "the ssh settings"
-            raise ConnectError(f"{where} cannot be used for {host.ssh.host}: {type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0] if str(exc) else ''}; fix it", host=host.name) from None
+            raise ConnectError(
+                f"{where} cannot be used for {host.ssh.host}: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}; fix it",
+                host=host.name,
+            ) from None
         self.known_hosts = _known_hosts_path(self.fc.ssh_config)
         self._secure(self.fc, accept_new_host_keys)
         self._open()
@@ -267,18 +287,26 @@ class SSHConnection(Connection):
         """Read the ssh_config and build the Fabric connection (and its ProxyJump gateway)."""
         spec = host.ssh
         config = fabric.Config(runtime_ssh_path=str(self.ssh_config_path)) if self.ssh_config_path else fabric.Config()
-        connect_kwargs = {"banner_timeout": timeouts.banner, "auth_timeout": timeouts.auth,
-                          "allow_agent": False}
+        connect_kwargs = {"banner_timeout": timeouts.banner, "auth_timeout": timeouts.auth, "allow_agent": False}
         if spec.identity:
             identity = Path(spec.identity).expanduser()
             if not identity.is_file():
-                raise ConnectError(f"identity file {identity} (ssh.identity in {host.source}) does not exist; "
-                                   f"fix the path or create the key", host=host.name)
+                raise ConnectError(
+                    f"identity file {identity} (ssh.identity in {host.source}) does not exist; "
+                    f"fix the path or create the key",
+                    host=host.name,
+                )
             connect_kwargs["key_filename"] = [str(identity)]
         gateway = fabric.Connection(spec.jump, config=config.clone()) if spec.jump else None
-        self.fc = fabric.Connection(spec.host, user=spec.user, port=spec.port, config=config,
-                                    connect_timeout=int(timeouts.connect), connect_kwargs=connect_kwargs,
-                                    **({"gateway": gateway} if gateway else {}))
+        self.fc = fabric.Connection(
+            spec.host,
+            user=spec.user,
+            port=spec.port,
+            config=config,
+            connect_timeout=int(timeouts.connect),
+            connect_kwargs=connect_kwargs,
+            **({"gateway": gateway} if gateway else {}),
+        )
 
     def _secure(self, fc, accept_new: bool) -> None:
         """Strict host keys on this hop and every ProxyJump hop (Fabric would auto-add them)."""
@@ -315,8 +343,9 @@ class SSHConnection(Connection):
             chan.exec_command(line)
             res = _pump_channel(chan, input, stream, timeout, self.name)
         except (SSHException, OSError, EOFError) as exc:
-            raise ConnectError(f"connection lost while running {argv[0]}: {exc or type(exc).__name__}",
-                               host=self.name) from None
+            raise ConnectError(
+                f"connection lost while running {argv[0]}: {exc or type(exc).__name__}", host=self.name
+            ) from None
         return _check(self.name, argv, res, check)
 
     def ssh_command(self) -> list[str]:
@@ -325,10 +354,18 @@ class SSHConnection(Connection):
         cmd = ["ssh"]
         if self.ssh_config_path:
             cmd += ["-F", str(self.ssh_config_path)]
-        cmd += ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-                "-o", f"UserKnownHostsFile={self.known_hosts}",
-                "-o", f"ConnectTimeout={int(self.timeouts.connect)}",
-                "-o", f"ServerAliveInterval={self.timeouts.keepalive}"]
+        cmd += [
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            f"ConnectTimeout={int(self.timeouts.connect)}",
+            "-o",
+            f"ServerAliveInterval={self.timeouts.keepalive}",
+        ]
         if spec.port:
             cmd += ["-p", str(spec.port)]
         if spec.user:
@@ -356,13 +393,14 @@ class SSHConnection(Connection):
         while fc is not None and not isinstance(fc, str):
             try:
                 fc.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection must not raise
+            except Exception:  # noqa: BLE001, S110 - closing a broken connection must not raise
                 pass
             fc = fc.gateway
 
 
-def _pump_channel(chan: paramiko.Channel, input: bytes | None, stream: Stream | None, timeout: float | None,
-                  host: str) -> RunResult:
+def _pump_channel(
+    chan: paramiko.Channel, input: bytes | None, stream: Stream | None, timeout: float | None, host: str
+) -> RunResult:
     if input:
         chan.sendall(input)
     chan.shutdown_write()
@@ -405,11 +443,15 @@ def describe_connect_error(exc: BaseException, target: str) -> str:
     """One line for a failed connect: what happened and what to do next."""
     msg = str(exc)
     if isinstance(exc, BadHostKeyException):
-        return (f"host key for {target} has CHANGED (possible man-in-the-middle); refusing to connect. "
-                f"If the host was reinstalled, verify the new key and remove the old one from known_hosts")
+        return (
+            f"host key for {target} has CHANGED (possible man-in-the-middle); refusing to connect. "
+            f"If the host was reinstalled, verify the new key and remove the old one from known_hosts"
+        )
     if isinstance(exc, SSHException) and "not found in known_hosts" in msg:
-        return (f"host key for {target} is unknown (not in known_hosts); verify it and rerun with "
-                f"--accept-new-host-keys to record it")
+        return (
+            f"host key for {target} is unknown (not in known_hosts); verify it and rerun with "
+            f"--accept-new-host-keys to record it"
+        )
     if isinstance(exc, AuthenticationException):
         return f"authentication refused by {target} ({msg or 'no accepted key'}); check user and identity file"
     if isinstance(exc, NoValidConnectionsError):
