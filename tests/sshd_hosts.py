@@ -107,6 +107,8 @@ class SshdHost:
                     "PasswordAuthentication no",
                     "KbdInteractiveAuthentication no",
                     "PermitRootLogin prohibit-password",
+                    # like a stock sshd: Ansible and pyinfra (bench/bench_push.py) copy files over SFTP
+                    "Subsystem sftp /usr/lib/openssh/sftp-server",
                     "AllowTcpForwarding yes",
                     "LogLevel ERROR",
                     "MaxStartups 100:30:200",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from . import cli, views
+from .app import cli
 from .context import AppContext, fleet_options, selection
 from .fleet import run
 from .output import emit_json, say, table
@@ -56,13 +56,13 @@ def push(ctx, version, three_way, dry_run, force, build_after):
 
     ps = load_patch_set(version)  # verified (checksums, path safety) before any host is touched
     opts = _deploy_options(ctx, dry_run=dry_run, three_way=three_way, force=force)
-    op, describe = (lambda h, say: push_host(h, ps, opts, say)), (lambda res: views.describe_push(res, ps))
+    op, describe = (lambda h, say: push_host(h, ps, opts, say)), (lambda res: _views().describe_push(res, ps))
     if build_after and not dry_run:
         from ..ops.kernel_build import BuildOptions, push_then_build
 
         bopts = BuildOptions(accept_new_host_keys=opts.accept_new_host_keys, command=opts.command)
         op = lambda h, say: push_then_build(h, ps, opts, bopts, say)  # noqa: E731
-        describe = lambda res: views.describe_push_build(res, ps)  # noqa: E731
+        describe = lambda res: _views().describe_push_build(res, ps)  # noqa: E731
     run(ctx.obj, selection(ctx), op, describe)
 
 
@@ -77,7 +77,8 @@ def plan(ctx, version, three_way):
 
     ps = load_patch_set(version)
     opts = _deploy_options(ctx, dry_run=True, three_way=three_way)
-    run(ctx.obj, selection(ctx), lambda h, say: plan_host(h, ps, opts, say), lambda res: views.describe_push(res, ps))
+    op = lambda h, say: plan_host(h, ps, opts, say)  # noqa: E731
+    run(ctx.obj, selection(ctx), op, lambda res: _views().describe_push(res, ps))
 
 
 @cli.command()
@@ -92,8 +93,8 @@ def status(ctx):
         ctx.obj,
         selection(ctx),
         lambda h, say: status_host(h, opts, say),
-        views.describe_status,
-        report=views.status_table,
+        _views().describe_status,
+        report=_views().status_table,
     )
 
 
@@ -107,7 +108,7 @@ def rollback(ctx, to, force):
     from ..ops.deploy import rollback_host
 
     opts = _deploy_options(ctx, to=to, force=force)
-    run(ctx.obj, selection(ctx), lambda h, say: rollback_host(h, opts, say), views.describe_rollback)
+    run(ctx.obj, selection(ctx), lambda h, say: rollback_host(h, opts, say), _views().describe_rollback)
 
 
 @cli.command()
@@ -118,11 +119,11 @@ def log(ctx):
     from ..ops.deploy import log_host
 
     opts = _deploy_options(ctx)
-    run(ctx.obj, selection(ctx), lambda h, say: log_host(h, opts, say), views.describe_log, report=_histories)
+    run(ctx.obj, selection(ctx), lambda h, say: log_host(h, opts, say), _views().describe_log, report=_histories)
 
 
 def _histories(results) -> str:
-    return "\n".join(f"history of {r.host}:\n{views.history_table(r.outcome.result)}" for r in results if r.ok)
+    return "\n".join(f"history of {r.host}:\n{_views().history_table(r.outcome.result)}" for r in results if r.ok)
 
 
 @cli.group()
@@ -142,7 +143,7 @@ def lock_status(ctx):
         ctx.obj,
         selection(ctx),
         lambda h, say: lock_status_host(h, opts, say),
-        lambda res: views.describe_lock(res.lock),
+        lambda res: _views().describe_lock(res.lock),
     )
 
 
@@ -164,7 +165,7 @@ def lock_release(ctx, yes):
             err=True,
         )
     opts = _deploy_options(ctx)
-    run(ctx.obj, sel, lambda h, say: lock_release_host(h, opts, say), views.describe_lock_release, hosts=hosts)
+    run(ctx.obj, sel, lambda h, say: lock_release_host(h, opts, say), _views().describe_lock_release, hosts=hosts)
 
 
 @cli.command()
@@ -197,3 +198,10 @@ def _target(h) -> str:
     s = h.ssh
     target = f"{s.user + '@' if s.user else ''}{s.host}{':' + str(s.port) if s.port else ''}"
     return target + (f" via {s.jump}" if s.jump else "")
+
+
+def _views():
+    """The renderers, imported when a command runs (not for --help or --version)."""
+    from . import views
+
+    return views

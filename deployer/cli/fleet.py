@@ -3,15 +3,15 @@ a non-zero exit when any host failed."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import click
 
-from ..ops.fleet import HostResult, Operation, raise_if_failed, run_fleet
-from .context import AppContext, Selection
 from .output import emit_json
-from .progress import Progress
-from .views import result_json, summary, summary_table
+
+if TYPE_CHECKING:
+    from ..ops.fleet import HostResult, Operation
+    from .context import AppContext, Selection
 
 Describe = Callable[[object], str]
 
@@ -25,6 +25,10 @@ def run(
     hosts=None,
 ) -> list[HostResult]:
     """Run op on the selected hosts, then finish (report, --json, exit status)."""
+    from ..ops.fleet import run_fleet
+    from .progress import Progress
+    from .views import summary, summary_table
+
     hosts = sel.hosts(app) if hosts is None else hosts
     progress = Progress(len(hosts), lambda r: summary(r, describe))
     try:
@@ -36,6 +40,9 @@ def run(
 
 
 def finish(results: list[HostResult], as_json: bool, report: Callable[[list[HostResult]], str]) -> None:
+    from ..ops.fleet import raise_if_failed
+    from .views import result_json
+
     text = report(results)
     if text:
         click.echo(text, err=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import cli, views
+from .app import cli
 from .context import fleet_options, selection
 from .fleet import run
 
@@ -18,4 +18,11 @@ def build(ctx, force):
     from ..ops.kernel_build import BuildOptions, build_host
 
     opts = BuildOptions(force=force, accept_new_host_keys=selection(ctx).accept_new_host_keys, command=ctx.obj.command)
-    run(ctx.obj, selection(ctx), lambda h, say: build_host(h, opts, say), views.describe_build)
+    run(ctx.obj, selection(ctx), lambda h, say: build_host(h, opts, say), _views().describe_build)
+
+
+def _views():
+    """The renderers, imported when a command runs (not for --help or --version)."""
+    from . import views
+
+    return views

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from . import cli
+from .app import cli
 from .context import AppContext
 from .output import say
 from .render import host_options, set_option

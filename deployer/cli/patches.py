@@ -8,18 +8,18 @@ $DDEPLOY_OVERLAY_DIR (default: the project's overlays/ddtree).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from ..patchset.sglang_base import fetch_base
 from ..errors import ConflictError, OverlayTestsFailed, PatchSetError
-from ..patchset.export import export_patch_set
-from .output import emit_json, say, table
 from ..locations import active_overlay_dir
-from ..patchset.release import PatchSet, list_versions, load_patch_set, sets_root
-from ..patchset.compare import UNCHANGED, diff_sets
-from ..patchset.verify import VerifyReport, verify_patch_set
-from . import cli
+from .app import cli
+from .output import emit_json, say, table
+
+if TYPE_CHECKING:  # the patch-set modules load when a command runs, not for --help
+    from ..patchset.release import PatchSet
+    from ..patchset.verify import VerifyReport
 
 
 def _overlay(path: str | None) -> Path:
@@ -49,6 +49,8 @@ def base() -> None:
 @click.option("--rebuild", is_flag=True, help="Build it again from the wheel even if cached.")
 def base_fetch(rebuild: bool) -> None:
     """Build (once) and verify the pristine SGLang base in the cache."""
+    from ..patchset.sglang_base import fetch_base
+
     b = fetch_base(rebuild=rebuild)
     say(f"SGLang {b.version} base at {b.path} (commit {b.commit[:12]}, tree {b.tree}) verified")
 
@@ -64,6 +66,9 @@ def patches() -> None:
 @click.option("--overlay", type=click.Path(file_okay=False, exists=True), help="Overlay directory.")
 def patches_export(version: str | None, date: str | None, overlay: str | None) -> None:
     """Release the overlay as a new, immutable patch set."""
+    from ..patchset.export import export_patch_set
+    from ..patchset.release import sets_root
+
     result = export_patch_set(_overlay(overlay), sets_root(), version=version, date=date)
     for p in result.patches:
         say(f"{p.name}: {p.concern}, {len(p.files)} file(s)")
@@ -114,6 +119,9 @@ def _raise_verify_failure(report: VerifyReport) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def patches_verify(version: str | None, no_tests: bool, against: str | None, as_json: bool) -> None:
     """Check checksums, apply strictly to a fresh base clone, confirm, run the overlay tests."""
+    from ..patchset.release import load_patch_set
+    from ..patchset.verify import verify_patch_set
+
     ps = load_patch_set(version)
     report = verify_patch_set(ps, against=Path(against) if against else None, run_tests=not no_tests)
     _print_verify(report)
@@ -135,6 +143,8 @@ def patches_verify(version: str | None, no_tests: bool, against: str | None, as_
 
 def _load_all() -> tuple[list[PatchSet], dict[str, str]]:
     """Every released set; a broken one is reported by version instead of hiding the others."""
+    from ..patchset.release import list_versions, load_patch_set, sets_root
+
     sets, broken = [], {}
     for v in list_versions(root=sets_root()):
         try:
@@ -148,6 +158,8 @@ def _load_all() -> tuple[list[PatchSet], dict[str, str]]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 def patches_list(as_json: bool) -> None:
     """Released versions with their dates, base and patch count."""
+    from ..patchset.release import sets_root
+
     sets, broken = _load_all()
     if as_json:
         emit_json([_set_json(ps) for ps in sets] + [{"version": v, "error": e} for v, e in broken.items()])
@@ -170,6 +182,8 @@ def patches_list(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 def patches_show(version: str, as_json: bool) -> None:
     """The patches of one set: concern, files and sha256."""
+    from ..patchset.release import load_patch_set
+
     ps = load_patch_set(version)
     if as_json:
         emit_json(_set_json(ps))
@@ -187,6 +201,9 @@ def patches_show(version: str, as_json: bool) -> None:
 @click.option("--stat", is_flag=True, help="Only the per-patch summary, no patch text.")
 def patches_diff(old: str, new: str, stat: bool) -> None:
     """What changed between two released sets, per patch."""
+    from ..patchset.compare import UNCHANGED, diff_sets
+    from ..patchset.release import load_patch_set
+
     a, b = load_patch_set(old), load_patch_set(new)
     for change in diff_sets(a, b):
         say(change.summary())

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
-from . import cli
+from .app import cli
 from .context import AppContext
 from .output import say, table
 

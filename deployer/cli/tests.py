@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..errors import UsageError
-from . import cli, views
+from .app import cli
 from .context import fleet_options, selection
 from .fleet import run
 
@@ -41,13 +41,20 @@ def test_cmd(ctx, remote, expr, version, report_dir):
         command=ctx.obj.command,
     )
     if remote:
-        run(ctx.obj, sel, lambda h, say: test_host(h, opts, say), views.describe_test, report=views.test_table)
+        run(ctx.obj, sel, lambda h, say: test_host(h, opts, say), _views().describe_test, report=_views().test_table)
     else:
         run(
             ctx.obj,
             sel,
             lambda h, say: test_local(opts, say),
-            views.describe_test,
-            report=views.test_table,
+            _views().describe_test,
+            report=_views().test_table,
             hosts=[local_host()],
         )
+
+
+def _views():
+    """The renderers, imported when a command runs (not for --help or --version)."""
+    from . import views
+
+    return views
