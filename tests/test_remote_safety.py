@@ -136,7 +136,10 @@ def test_deploy_killed_mid_switch_is_completed_by_the_next_push(hosts, ddeploy, 
     owner = json.loads((lock_dir(h2) / "owner.json").read_text())
     os.kill(owner["pid"], signal.SIGKILL)  # the agent dies with the work tree half switched
     push.communicate(timeout=60)
-    assert (h2.checkout / ".git" / "ddeploy" / "journal.json").exists()
+    journal = json.loads((h2.checkout / ".git" / "ddeploy" / "journal.json").read_text())
+    assert journal["command"].startswith("ddeploy -i ") and journal["command"].endswith(
+        f"push --host h2 --version {patch_sets['v1']}"
+    )  # the real command line, not the interpreter's argv
     status = ddeploy("status", "--host", "h2", "--json")
     assert json.loads(status.stdout)[0]["data"]["interrupted"] is True
     assert "(stale)" in status.stderr

@@ -535,6 +535,7 @@ def transact(
         "state": engine_state,
         "message": message,
         "by": req.get("by"),
+        "command": req.get("command"),  # the real command line, as the lock owner records it
         "started": now(),
     }
     # Test hook (DDEPLOY_TEST_AGENT_PAUSE="[before_switch|mid_switch:]SECONDS"): a window in which
