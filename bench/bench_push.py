@@ -1,11 +1,18 @@
-"""Benchmark: push one patch set to 1, 4 and 8 real sshd test hosts on loopback.
+"""Benchmark: ddeploy push against Ansible and pyinfra 3, same hosts, same run, alternating.
 
-    .venv/bin/python bench/bench_push.py [--sizes 1,4,8] [--version DIR|V] [--parallel N]
+    .venv/bin/python bench/bench_push.py [--sizes 1,8] [--reps 3] [--tools-venv DIR] [--version DIR|V]
 
-Starts its own OpenSSH hosts (tests/sshd_hosts.py), each with a clone of the pristine base, and
-runs the real CLI as a subprocess. For each fleet size: wall time of the first push, mean and max
-per-host duration (from --json), and the wall time of a second push of the same version (a no-op).
-Prints a table; asserts nothing about timing.
+Starts its own OpenSSH hosts (tests/sshd_hosts.py) on loopback, each with a clone of the pristine
+SGLang base, and times, per fleet size, the first push of a patch set and a second (no-op) push:
+  * ddeploy: `ddeploy push` (the real CLI as a subprocess, --parallel 8);
+  * Ansible (ansible-core): copy the set, `git apply -R --check` (applied already?), else
+    `git apply --index`; forks 8, strict host keys through the same ssh_config;
+  * pyinfra 3: `files.sync` of the set plus the same git commands, --parallel 8.
+Ansible and pyinfra come from --tools-venv (default /tmp/bench-venv: `python -m venv
+/tmp/bench-venv && /tmp/bench-venv/bin/pip install ansible-core 'pyinfra>=3,<4'`), never from
+the project venv; a tool that is not installed is skipped. The tools run alternately, each
+repetition on freshly reset checkouts; medians of --reps. Also prints one `ssh host true` round
+trip and `ddeploy --version` / `--help` start-up times. Asserts nothing about timing.
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,27 +34,142 @@ sys.path.insert(0, str(ROOT))
 
 from sshd_hosts import SshdFleet, build_test_patch_sets  # noqa: E402
 
-from deployer.output import table  # noqa: E402
+from deployer.cli.output import table  # noqa: E402
+from deployer.patchset import load_patch_set  # noqa: E402
+
+DDEPLOY = [sys.executable, "-c", "from deployer.cli import main; main()"]
+TOOL_DIRS = (".git/ansible-sets", ".git/pyinfra-sets")
+
+PLAYBOOK = """- hosts: all
+  gather_facts: false
+  tasks:
+    - name: copy the patch set
+      ansible.builtin.copy:
+        src: "{{ set_dir }}/"
+        dest: "{{ checkout }}/.git/ansible-sets/{{ version }}/"
+    - name: is it applied already
+      ansible.builtin.command: "git -C {{ checkout }} apply -R --check {{ reversed_patches }}"
+      register: applied
+      failed_when: false
+      changed_when: false
+    - name: apply the patch set
+      ansible.builtin.command: "git -C {{ checkout }} apply --index {{ patches }}"
+      when: applied.rc != 0
+"""
+
+PYINFRA_DEPLOY = """from pyinfra import host
+from pyinfra.operations import files, server
+
+d = host.data
+files.sync(name="sync the patch set", src=d.set_dir, dest=d.checkout + "/.git/pyinfra-sets/" + d.version)
+server.shell(name="apply unless applied", commands=[
+    "git -C " + d.checkout + " apply -R --check " + d.reversed_patches
+    + " || git -C " + d.checkout + " apply --index " + d.patches])
+"""
 
 
-def push(fleet: SshdFleet, names: list[str], version: str, parallel: int) -> tuple[float, list[dict]]:
-    args = [sys.executable, "-c", "from deployer.cli import main; main()", "-i", str(fleet.inventory_dir), "push",
-            "--version", version, "--parallel", str(parallel), "--json"]
-    for n in names:
-        args += ["--host", n]
+def timed(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> float:
     t0 = time.perf_counter()
-    proc = subprocess.run(args, capture_output=True, text=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise SystemExit(f"push failed ({proc.returncode}):\n{proc.stderr}")
-    return wall, json.loads(proc.stdout)
+        raise SystemExit(f"{argv[0]} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return wall
+
+
+class Tools:
+    """The three ways to push, over the same hosts."""
+
+    def __init__(self, fleet: SshdFleet, set_dir: Path, work: Path, tools_venv: Path):
+        self.fleet, self.work = fleet, work
+        ps = load_patch_set(str(set_dir))
+        self.version = ps.version
+        self.set_dir = set_dir
+        self.patches = [f".git/{{d}}/{ps.version}/{p.name}" for p in ps.patches]
+        self.ansible = tools_venv / "bin" / "ansible-playbook"
+        self.pyinfra = tools_venv / "bin" / "pyinfra"
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "playbook.yml").write_text(PLAYBOOK)
+        (work / "deploy.py").write_text(PYINFRA_DEPLOY)
+
+    def available(self) -> list[str]:
+        return ["ddeploy"] + [n for n, p in (("ansible", self.ansible), ("pyinfra", self.pyinfra)) if p.exists()]
+
+    def _paths(self, tool_dir: str, checkout: Path) -> tuple[str, str]:
+        names = [str(checkout / p.format(d=tool_dir.split("/", 1)[1])) for p in self.patches]
+        return " ".join(names), " ".join(reversed(names))
+
+    def run(self, tool: str, n: int) -> float:
+        hosts = self.fleet.hosts[:n]
+        return getattr(self, f"_run_{tool}")(hosts)
+
+    def _run_ddeploy(self, hosts) -> float:
+        args = [*DDEPLOY, "-i", str(self.fleet.inventory_dir), "push", "--version", str(self.set_dir), "-j", "8"]
+        return timed(args + [w for h in hosts for w in ("--host", h.name)])
+
+    def _run_ansible(self, hosts) -> float:
+        lines = ["[all]"]
+        for h in hosts:
+            fwd, rev = self._paths(TOOL_DIRS[0], h.checkout)
+            lines.append(
+                f"{h.name} checkout={h.checkout} patches='{fwd}' reversed_patches='{rev}' "
+                f"ansible_python_interpreter=/usr/bin/python3"
+            )
+        (self.work / "ansible.ini").write_text("\n".join(lines) + "\n")
+        env = {
+            **os.environ,
+            "ANSIBLE_HOST_KEY_CHECKING": "True",
+            "ANSIBLE_SSH_ARGS": f"-F {self.fleet.ssh_config} -o ControlMaster=no",
+            "ANSIBLE_FORKS": "8",
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_LOCAL_TEMP": str(self.work / "ansible-tmp"),
+        }
+        extra = json.dumps({"set_dir": str(self.set_dir), "version": self.version})
+        argv = [str(self.ansible), "-i", str(self.work / "ansible.ini"), str(self.work / "playbook.yml")]
+        return timed(argv + ["-e", extra], env=env)
+
+    def _run_pyinfra(self, hosts) -> float:
+        entries = []
+        for h in hosts:
+            fwd, rev = self._paths(TOOL_DIRS[1], h.checkout)
+            data = {
+                "ssh_hostname": h.address,
+                "ssh_port": h.port,
+                "ssh_user": "root",
+                "ssh_key": str(self.fleet.client_key),
+                "ssh_known_hosts_file": str(self.fleet.known_hosts),
+                "ssh_strict_host_key_checking": "yes",
+                "checkout": str(h.checkout),
+                "set_dir": str(self.set_dir),
+                "version": self.version,
+                "patches": fwd,
+                "reversed_patches": rev,
+            }
+            entries.append((h.name, data))
+        (self.work / "inventory.py").write_text(f"hosts = {entries!r}\n")
+        argv = [str(self.pyinfra), str(self.work / "inventory.py"), str(self.work / "deploy.py"), "-y"]
+        return timed(argv + ["--parallel", "8"], cwd=self.work)
+
+
+def reset(fleet: SshdFleet) -> None:
+    fleet.reset()
+    for h in fleet.hosts:
+        for d in TOOL_DIRS:
+            shutil.rmtree(h.checkout / d, ignore_errors=True)
+
+
+def startup_times(reps: int) -> tuple[float, float]:
+    version = statistics.median(timed([*DDEPLOY, "--version"]) for _ in range(reps))
+    help_ = statistics.median(timed([*DDEPLOY, "--help"]) for _ in range(reps))
+    return version, help_
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1,4,8")
+    ap.add_argument("--sizes", default="1,8")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--tools-venv", type=Path, default=Path("/tmp/bench-venv"))
     ap.add_argument("--version", help="patch set (version or directory); default: a small generated 3-patch set")
-    ap.add_argument("--parallel", type=int, default=8)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     with tempfile.TemporaryDirectory(prefix="ddeploy-bench-") as tmp:
@@ -54,27 +178,44 @@ def main() -> None:
         if real_base.is_dir() and not (Path(tmp) / "cache" / "base").exists():
             (Path(tmp) / "cache").mkdir()
             (Path(tmp) / "cache" / "base").symlink_to(real_base)  # read-only use of the built base
-        version = args.version or str(build_test_patch_sets(Path(tmp) / "sets")["v2"])
-        t0 = time.perf_counter()
+        set_dir = Path(args.version) if args.version else build_test_patch_sets(Path(tmp) / "sets")["v2"]
+        if not set_dir.is_dir():
+            from deployer.patchset import resolve_dir
+
+            set_dir = resolve_dir(args.version)
         fleet = SshdFleet.start(Path(tmp) / "hosts", count=max(sizes), first_octet=31, prefix="b")
-        print(f"started {max(sizes)} sshd hosts with their checkouts in {time.perf_counter() - t0:.1f}s",
-              file=sys.stderr)
-        rows = []
         try:
+            tools = Tools(fleet, set_dir, Path(tmp) / "work", args.tools_venv)
+            names = tools.available()
+            h = fleet.hosts[0]
+            ssh = [
+                "ssh", "-F", str(fleet.ssh_config), h.name, "true",
+            ]  # fmt: skip
+            rtt = statistics.median(timed(ssh) for _ in range(args.reps))
+            times: dict[tuple[str, int, str], list[float]] = {}
             for n in sizes:
-                fleet.reset()
-                names = [h.name for h in fleet.hosts[:n]]
-                wall, results = push(fleet, names, version, args.parallel)
-                per = [r["duration_s"] for r in results]
-                assert all(r["changed"] for r in results)
-                noop, again = push(fleet, names, version, args.parallel)
-                assert not any(r["changed"] for r in again)
-                rows.append([str(n), f"{wall:.2f}", f"{sum(per) / n:.2f}", f"{max(per):.2f}", f"{noop:.2f}",
-                             f"{sum(r['duration_s'] for r in again) / n:.2f}"])
+                for _ in range(args.reps):
+                    for tool in names:  # alternating: one repetition of each tool, then the next round
+                        reset(fleet)
+                        times.setdefault((tool, n, "first"), []).append(tools.run(tool, n))
+                        times.setdefault((tool, n, "no-op"), []).append(tools.run(tool, n))
+            version, help_ = startup_times(args.reps)
         finally:
             fleet.close()
-    print(table(rows, ["hosts", "push wall s", "per host mean s", "per host max s", "no-op push wall s",
-                       "no-op per host s"]))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    rows = []
+    for n in sizes:
+        for kind in ("first", "no-op"):
+            row = [str(n), kind] + [f"{med[(t, n, kind)]:.2f}" for t in names]
+            row += [f"{med[(t, n, kind)] / med[('ddeploy', n, kind)]:.1f}x" for t in names[1:]]
+            rows.append(row)
+    headers = ["hosts", "push"] + [f"{t} s" for t in names] + [f"{t} / ddeploy" for t in names[1:]]
+    print(
+        f"set {set_dir.name}, medians of {args.reps}; one `ssh host true`: {rtt:.2f} s; "
+        f"no-op push of 1 host / ssh round trip: {med[('ddeploy', sizes[0], 'no-op')] / rtt:.1f}x"
+    )
+    print(f"ddeploy --version {version:.2f} s, --help {help_:.2f} s")
+    print(table(rows, headers))
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .documents import field_error
 from .errors import InventoryError
-from .paths import HOSTS_DIR, cache_dir
+from .locations import cache_dir, inventory_candidates
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 ARCH_RE = re.compile(r"^sm_(\d+)(\d)([af]?)\Z")
@@ -136,24 +137,32 @@ class Host(_Strict):
         return self.connection == "local"
 
 
+def find_inventory_dir() -> Path:
+    candidates = inventory_candidates()
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    raise InventoryError(
+        f"no inventory: none of {', '.join(str(c) for c in candidates)} exists; pass "
+        f"-i DIR or set DDEPLOY_HOSTS_DIR (a directory of host YAML files, docs/inventory.md)"
+    )
+
+
 def local_host() -> Host:
     """The built-in host: this machine, checkout in the user's cache, made from the base on first use."""
     checkout = cache_dir() / "local" / "sglang"
     # This venv's python with the checkout first on its path: what `pip install -e` would give,
     # without touching the venv.
-    return Host(name="local", connection="local",
-                gpu=GPUSpec(model="local", count=1, arch=os.environ.get("DDEPLOY_LOCAL_ARCH", "sm_120")),
-                interconnect="pcie", checkout=str(checkout), python=sys.executable,
-                env={"PYTHONPATH": str(checkout / "python"), "DDEPLOY_JIT_CACHE_ROOT": str(cache_dir() / "jit")},
-                groups=("local",))
-
-
-def _format_validation(err: ValidationError) -> str:
-    first = err.errors()[0]
-    loc = ".".join(str(x) for x in first["loc"]) or "(top level)"
-    msg = first["msg"].removeprefix("Value error, ")
-    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    return f"field {loc}: {msg}{more}"
+    return Host(
+        name="local",
+        connection="local",
+        gpu=GPUSpec(model="local", count=1, arch=os.environ.get("DDEPLOY_LOCAL_ARCH", "sm_120")),
+        interconnect="pcie",
+        checkout=str(checkout),
+        python=sys.executable,
+        env={"PYTHONPATH": str(checkout / "python"), "DDEPLOY_JIT_CACHE_ROOT": str(cache_dir() / "jit")},
+        groups=("local",),
+    )
 
 
 def parse_host(data: object, source: str, index: int | None = None) -> Host:
@@ -164,7 +173,7 @@ def parse_host(data: object, source: str, index: int | None = None) -> Host:
     try:
         return Host.model_validate({**data, "source": source})
     except ValidationError as exc:
-        raise InventoryError(f"{where}: host '{name}': {_format_validation(exc)}") from None
+        raise InventoryError(f"{where}: host '{name}': field {field_error(exc)}") from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -213,7 +222,9 @@ class Inventory:
 
     @classmethod
     def load(cls, directory: Path | str | None = None) -> "Inventory":
-        directory = Path(directory or os.environ.get("DDEPLOY_HOSTS_DIR") or HOSTS_DIR)
+        """From `directory` (-i), else $DDEPLOY_HOSTS_DIR, else the first of ./hosts,
+        <config>/ddeploy/hosts and the project checkout's hosts/ that exists (docs/inventory.md)."""
+        directory = Path(directory or os.environ.get("DDEPLOY_HOSTS_DIR") or find_inventory_dir())
         if not directory.is_dir():
             raise InventoryError(f"inventory directory {directory} does not exist")
         hosts = [local_host()]
@@ -237,8 +248,9 @@ class Inventory:
             known = ", ".join(sorted(self.hosts))
             raise InventoryError(f"unknown host '{name}' (known: {known})") from None
 
-    def select(self, names: tuple[str, ...] | list[str] = (), groups: tuple[str, ...] | list[str] = (),
-               all_hosts: bool = False) -> list[Host]:
+    def select(
+        self, names: tuple[str, ...] | list[str] = (), groups: tuple[str, ...] | list[str] = (), all_hosts: bool = False
+    ) -> list[Host]:
         """Hosts by name, group or all (excluding `local` from --all); order kept, no duplicates."""
         if all_hosts:
             return [h for h in self.hosts.values() if not h.is_local]

@@ -29,9 +29,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sshd_hosts import SshdFleet  # noqa: E402
 
 
+# Test tiers: `pytest -m "not slow"` is the fast tier (no sshd hosts, no nvcc, no kernel-set
+# exports); a test is slow when marked so, when it needs the sshd or nvcc markers, or when it uses
+# a fixture that starts hosts or exports patch sets.
+SLOW_FIXTURES = {"sshd_fleet", "hosts", "ddeploy", "python_hosts", "kernel_sets", "patch_sets", "real_release"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        needs = {m.name for m in item.iter_markers()} & {"sshd", "nvcc"}
+        if needs or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_cache(tmp_path_factory):
-    from deployer.base import SGLANG_VERSION
+    from deployer.patchset.sglang_base import SGLANG_VERSION
 
     real = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddeploy"
     if os.environ.get("DDEPLOY_CACHE_DIR"):

@@ -48,8 +48,11 @@ def start_python_fleet(root: Path, count: int = 2) -> SshdFleet:
     try:
         for h in fleet.hosts:
             python = make_host_python(h.root / "venv", h.checkout)
-            edit_inventory(fleet.inventory_dir / f"{h.name}.yaml", python=str(python),
-                           env={"DDEPLOY_JIT_CACHE_ROOT": str(h.root / "jit")})
+            edit_inventory(
+                fleet.inventory_dir / f"{h.name}.yaml",
+                python=str(python),
+                env={"DDEPLOY_JIT_CACHE_ROOT": str(h.root / "jit")},
+            )
     except BaseException:
         fleet.close()
         raise
@@ -75,7 +78,7 @@ def export_test_sets(root: Path) -> dict[str, Path]:
     """Patch sets exported from a snapshot of the overlay: 0.1.0 good, 0.1.1 kernel source changed,
     0.1.2 = 0.1.0 with a deliberately failing kernel test added, 0.1.3 = 0.1.0 with a kernel source
     nvcc rejects."""
-    from deployer.export import export_patch_set
+    from deployer.patchset.export import export_patch_set
 
     sets: dict[str, Path] = {}
     overlay = root / "overlay"
@@ -85,8 +88,10 @@ def export_test_sets(root: Path) -> dict[str, Path]:
     (overlay / KERNEL_CORE).write_bytes(core + b"// test edit: a changed kernel source must trigger a rebuild\n")
     sets["kernel_changed"] = export_patch_set(overlay, root / "released", version="0.1.1", date="2026-11-29").path
     (overlay / KERNEL_CORE).write_bytes(core)  # 0.1.2 = 0.1.0 + a broken test, same kernel sources
-    (overlay / BROKEN_TEST).write_text('"""Deliberately broken (ddeploy test --remote must report it)."""\n\n\n'
-                                       "def test_deliberately_broken():\n    assert 1 + 1 == 3\n")
+    (overlay / BROKEN_TEST).write_text(
+        '"""Deliberately broken (ddeploy test --remote must report it)."""\n\n\n'
+        "def test_deliberately_broken():\n    assert 1 + 1 == 3\n"
+    )
     sets["broken_test"] = export_patch_set(overlay, root / "released", version="0.1.2", date="2026-11-29").path
     (overlay / BROKEN_TEST).unlink()
     (overlay / KERNEL_CORE).write_bytes(core + b"\nthis is not C++;\n")

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployer.base import Base, ensure_base
-from deployer.paths import overlay_dir
+from deployer.patchset.sglang_base import Base, ensure_base
+from deployer.locations import overlay_dir
 
 REAL_WIRING_HUNK = overlay_dir() / "hunks" / "wiring.patch"
 
@@ -36,7 +36,7 @@ def verify_width(budget: int) -> int:
     return budget + 1
 '''
 
-PROBE_TEST = '''import os
+PROBE_TEST = """import os
 from pathlib import Path
 
 import ddtree_probe
@@ -49,17 +49,30 @@ def test_probe_is_imported_from_the_patched_tree():
 
 def test_verify_width():
     assert ddtree_probe.verify_width(4) == {expected}
-'''
+"""
 
 SMALL_CONCERNS = {
     "name": "ddtree",
     "concerns": [
-        {"id": "builder", "title": "DDTree: probe builder", "description": "A probe module and its test.",
-         "files": ["python/ddtree_probe/*.py", "test/srt/ddtree/test_*.py"]},
-        {"id": "retrieve", "title": "DDTree: retrieve (empty here)", "description": "Nothing yet.",
-         "files": ["python/ddtree_retrieve/**/*.py"]},
-        {"id": "wiring", "title": "DDTree: SGLang wiring", "description": "Server args for DDTree.",
-         "files": [], "hunks": ["hunks/wiring.patch"]},
+        {
+            "id": "builder",
+            "title": "DDTree: probe builder",
+            "description": "A probe module and its test.",
+            "files": ["python/ddtree_probe/*.py", "test/srt/ddtree/test_*.py"],
+        },
+        {
+            "id": "retrieve",
+            "title": "DDTree: retrieve (empty here)",
+            "description": "Nothing yet.",
+            "files": ["python/ddtree_retrieve/**/*.py"],
+        },
+        {
+            "id": "wiring",
+            "title": "DDTree: SGLang wiring",
+            "description": "Server args for DDTree.",
+            "files": [],
+            "hunks": ["hunks/wiring.patch"],
+        },
     ],
 }
 
@@ -89,8 +102,10 @@ def make_overlay(root: Path, *, expected: int = 5, concerns: dict | None = None)
     """Write the small overlay under root; `expected` != 5 makes its test fail."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "concerns.yaml").write_text(yaml.safe_dump(concerns or SMALL_CONCERNS, sort_keys=False))
-    files = {"python/ddtree_probe/__init__.py": PROBE_MODULE,
-             "test/srt/ddtree/test_probe.py": PROBE_TEST.format(expected=expected)}
+    files = {
+        "python/ddtree_probe/__init__.py": PROBE_MODULE,
+        "test/srt/ddtree/test_probe.py": PROBE_TEST.format(expected=expected),
+    }
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
@@ -105,11 +120,22 @@ def write_raw_set(dest: Path, patches: dict[str, bytes], *, tree: str = "") -> P
     entries = []
     for name, data in patches.items():
         (dest / name).write_bytes(data)
-        entries.append({"name": name, "concern": name.split("-", 2)[-1].removesuffix(".patch"),
-                        "sha256": hashlib.sha256(data).hexdigest(), "files": []})
+        entries.append(
+            {
+                "name": name,
+                "concern": name.split("-", 2)[-1].removesuffix(".patch"),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "files": [],
+            }
+        )
     (dest / "series").write_text("".join(f"{n}\n" for n in patches))
-    manifest = {"name": "ddtree", "version": dest.name, "created": "2026-11-29",
-                "base": {"sglang": "0.5.23", "tree": tree}, "patches": entries}
+    manifest = {
+        "name": "ddtree",
+        "version": dest.name,
+        "created": "2026-11-29",
+        "base": {"sglang": "0.5.23", "tree": tree},
+        "patches": entries,
+    }
     (dest / "manifest.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
     return dest
 

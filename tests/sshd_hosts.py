@@ -38,8 +38,9 @@ BASE_ADDRESS = "127.0.0."
 
 
 def _keygen(path: Path, comment: str) -> None:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True, capture_output=True
+    )
 
 
 def _free_port(address: str) -> int:
@@ -94,15 +95,29 @@ class SshdHost:
         return f"[{self.address}]:{self.port} {ktype} {key}\n"
 
     def _write_config(self) -> None:
-        self.config_path.write_text("\n".join([
-            f"ListenAddress {self.address}:{self.port}",
-            f"HostKey {self.host_key}",
-            f"PidFile {self.root / 'sshd.pid'}",
-            f"AuthorizedKeysFile {self.authorized_keys}",
-            "UsePAM no", "StrictModes no", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-            "PermitRootLogin prohibit-password", "AllowTcpForwarding yes", "LogLevel ERROR",
-            "MaxStartups 100:30:200", "MaxSessions 50",
-            f"SetEnv DDEPLOY_TEST_HOST={self.name}", ""]))
+        self.config_path.write_text(
+            "\n".join(
+                [
+                    f"ListenAddress {self.address}:{self.port}",
+                    f"HostKey {self.host_key}",
+                    f"PidFile {self.root / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {self.authorized_keys}",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "PermitRootLogin prohibit-password",
+                    # like a stock sshd: Ansible and pyinfra (bench/bench_push.py) copy files over SFTP
+                    "Subsystem sftp /usr/lib/openssh/sftp-server",
+                    "AllowTcpForwarding yes",
+                    "LogLevel ERROR",
+                    "MaxStartups 100:30:200",
+                    "MaxSessions 50",
+                    f"SetEnv DDEPLOY_TEST_HOST={self.name}",
+                    "",
+                ]
+            )
+        )
 
     @property
     def running(self) -> bool:
@@ -113,8 +128,13 @@ class SshdHost:
             return
         self._write_config()
         log = open(self.root / "sshd.log", "ab")
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config_path)], stdout=log, stderr=log,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(self.config_path)],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
         try:
             _wait_banner(self.address, self.port, time.monotonic() + timeout)
@@ -150,8 +170,9 @@ class SshdHost:
         self.start()
 
     def git(self, *args: str) -> str:
-        return subprocess.run(["git", "-C", str(self.checkout), *args], check=True, capture_output=True,
-                              text=True).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", str(self.checkout), *args], check=True, capture_output=True, text=True
+        ).stdout.strip()
 
     def reset_checkout(self, base_commit: str) -> None:
         """Back to the pristine base: branch main at the base commit, clean, no ddeploy refs/state."""
@@ -197,13 +218,16 @@ class SshdFleet:
     base_tree: str
 
     @classmethod
-    def start(cls, root: Path, count: int = 3, *, first_octet: int = 11, python: str = sys.executable,
-              prefix: str = "h") -> "SshdFleet":
-        from deployer.base import clone_base, ensure_base
+    def start(
+        cls, root: Path, count: int = 3, *, first_octet: int = 11, python: str = sys.executable, prefix: str = "h"
+    ) -> "SshdFleet":
+        from deployer.patchset.sglang_base import clone_base, ensure_base
 
         if not Path(SSHD).is_file() or not shutil.which("rsync"):
-            raise RuntimeError("the sshd test hosts need openssh-server and rsync: "
-                               "apt-get install -y openssh-server rsync (scripts/test.sh does)")
+            raise RuntimeError(
+                "the sshd test hosts need openssh-server and rsync: "
+                "apt-get install -y openssh-server rsync (scripts/test.sh does)"
+            )
         root.mkdir(parents=True, exist_ok=True)
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
         base = ensure_base()
@@ -217,8 +241,16 @@ class SshdFleet:
             hdir = root / f"{prefix}{i + 1}"
             hdir.mkdir(exist_ok=True)
             hosts.append(SshdHost(f"{prefix}{i + 1}", address, _free_port(address), hdir, authorized))
-        fleet = cls(root, hosts, client_key, root / "known_hosts", root / "ssh_config", root / "inventory",
-                    base.commit, base.tree)
+        fleet = cls(
+            root,
+            hosts,
+            client_key,
+            root / "known_hosts",
+            root / "ssh_config",
+            root / "inventory",
+            base.commit,
+            base.tree,
+        )
         atexit.register(fleet.close)
         try:
             for h in hosts:
@@ -235,24 +267,34 @@ class SshdFleet:
         blocks = []
         for h in self.hosts:
             blocks.append(self._ssh_block(h.name, h))
-            blocks.append(self._ssh_block(f"{h.name}-via-{self.hosts[0].name}", h) +
-                          f"  ProxyJump {self.hosts[0].name}\n")
+            blocks.append(
+                self._ssh_block(f"{h.name}-via-{self.hosts[0].name}", h) + f"  ProxyJump {self.hosts[0].name}\n"
+            )
         self.ssh_config.write_text("".join(blocks))
         self.inventory_dir.mkdir(exist_ok=True)
         for i, h in enumerate(self.hosts):
-            doc = {"name": h.name, "ssh": {"host": h.name, "config": str(self.ssh_config)},
-                   "gpu": {"model": "NVIDIA RTX PRO 6000 Blackwell Server Edition" if i % 2 == 0 else
-                           "NVIDIA B300 SXM6", "count": 8, "arch": "sm_120" if i % 2 == 0 else "sm_103",
-                           "memory_gib": 96 if i % 2 == 0 else 288},
-                   "interconnect": "pcie" if i % 2 == 0 else "nvlink",
-                   "checkout": str(h.checkout), "python": python,
-                   "groups": ["test", "even" if i % 2 else "odd"]}
+            doc = {
+                "name": h.name,
+                "ssh": {"host": h.name, "config": str(self.ssh_config)},
+                "gpu": {
+                    "model": "NVIDIA RTX PRO 6000 Blackwell Server Edition" if i % 2 == 0 else "NVIDIA B300 SXM6",
+                    "count": 8,
+                    "arch": "sm_120" if i % 2 == 0 else "sm_103",
+                    "memory_gib": 96 if i % 2 == 0 else 288,
+                },
+                "interconnect": "pcie" if i % 2 == 0 else "nvlink",
+                "checkout": str(h.checkout),
+                "python": python,
+                "groups": ["test", "even" if i % 2 else "odd"],
+            }
             (self.inventory_dir / f"{h.name}.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
 
     def _ssh_block(self, alias: str, h: SshdHost) -> str:
-        return (f"Host {alias}\n  HostName {h.address}\n  Port {h.port}\n  User root\n"
-                f"  IdentityFile {self.client_key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {self.known_hosts}\n"
-                f"  StrictHostKeyChecking yes\n  BatchMode yes\n")
+        return (
+            f"Host {alias}\n  HostName {h.address}\n  Port {h.port}\n  User root\n"
+            f"  IdentityFile {self.client_key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {self.known_hosts}\n"
+            f"  StrictHostKeyChecking yes\n  BatchMode yes\n"
+        )
 
     def write_known_hosts(self) -> None:
         self.known_hosts.write_text("".join(h.known_hosts_line() for h in self.hosts))
@@ -275,26 +317,31 @@ class SshdFleet:
 
 
 # ---------------------------------------------------------------- small patch sets for tests
-def make_patch_set(dest: Path, version: str, concerns: list[tuple[str, dict[str, str | None]]], *,
-                   base_path: Path | None = None) -> Path:
+def make_patch_set(
+    dest: Path, version: str, concerns: list[tuple[str, dict[str, str | None]]], *, base_path: Path | None = None
+) -> Path:
     """A released-style patch set at dest (series, manifest.yaml with sha256s, git format-patch
     patches against the pristine base). Each concern maps repo paths to their new full content
     (None deletes); a "+=" prefix appends to the base content: {"python/sglang/version.py": "+=# x\\n"}."""
     import hashlib
 
-    from deployer.base import ensure_base
-    from deployer.gitutil import FIXED_IDENTITY
+    from deployer.patchset.sglang_base import ensure_base
+    from deployer.patchset.local_git import FIXED_IDENTITY
 
     base = ensure_base()
     work = dest.parent / f".{dest.name}-work"
     # Plumbing on a no-checkout clone: no work tree of 5,000+ files to write.
-    subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", str(base_path or base.path), str(work)],
-                   check=True)
+    subprocess.run(
+        ["git", "clone", "-q", "--shared", "--no-checkout", str(base_path or base.path), str(work)], check=True
+    )
     env = {**os.environ, **FIXED_IDENTITY}
 
     def git(*args: str, input: bytes | None = None) -> str:
-        return subprocess.run(["git", "-C", str(work), *args], check=True, env=env, input=input,
-                              capture_output=True).stdout.decode().strip()
+        return (
+            subprocess.run(["git", "-C", str(work), *args], check=True, env=env, input=input, capture_output=True)
+            .stdout.decode()
+            .strip()
+        )
 
     git("read-tree", "HEAD")
     for concern, files in concerns:
@@ -308,18 +355,32 @@ def make_patch_set(dest: Path, version: str, concerns: list[tuple[str, dict[str,
         commit = git("commit-tree", git("write-tree"), "-p", "HEAD", "-m", concern)
         git("update-ref", "HEAD", commit)
     dest.mkdir(parents=True)
-    subprocess.run(["git", "-C", str(work), "format-patch", "-q", "--no-signature", "--zero-commit",
-                    "-o", str(dest), base.commit], check=True, env=env)
+    subprocess.run(
+        ["git", "-C", str(work), "format-patch", "-q", "--no-signature", "--zero-commit", "-o", str(dest), base.commit],
+        check=True,
+        env=env,
+    )
     entries = []
     for i, (concern, _files) in enumerate(concerns, 1):
         produced = sorted(dest.glob(f"{i:04d}-*.patch"))[0]
         final = dest / f"{i:04d}-{concern}.patch"
         produced.rename(final)
-        entries.append({"name": final.name, "concern": concern,
-                        "sha256": hashlib.sha256(final.read_bytes()).hexdigest(), "files": sorted(_files)})
+        entries.append(
+            {
+                "name": final.name,
+                "concern": concern,
+                "sha256": hashlib.sha256(final.read_bytes()).hexdigest(),
+                "files": sorted(_files),
+            }
+        )
     (dest / "series").write_text("".join(e["name"] + "\n" for e in entries))
-    manifest = {"name": "ddtree", "version": version, "created": "2026-11-29",
-                "base": {"sglang": base.version, "tree": base.tree}, "patches": entries}
+    manifest = {
+        "name": "ddtree",
+        "version": version,
+        "created": "2026-11-29",
+        "base": {"sglang": base.version, "tree": base.tree},
+        "patches": entries,
+    }
     (dest / "manifest.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
     shutil.rmtree(work)
     return dest
@@ -332,11 +393,16 @@ INIT_PY = "python/sglang/__init__.py"
 
 def build_test_patch_sets(root: Path) -> dict[str, Path]:
     """v1 (0.1.0): two patches (a new file, an edit); v2 (0.2.0): three (also edits __init__.py)."""
-    v1 = make_patch_set(root / "0.1.0", "0.1.0", [
-        ("builder", {STUB: "VERSION = 1\n"}),
-        ("wiring", {VERSION_PY: "+=# ddtree 0.1.0\n"})])
-    v2 = make_patch_set(root / "0.2.0", "0.2.0", [
-        ("builder", {STUB: "VERSION = 2\n"}),
-        ("wiring", {VERSION_PY: "+=# ddtree 0.2.0\n"}),
-        ("extra", {INIT_PY: "+=# ddtree 0.2.0 extra\n"})])
+    v1 = make_patch_set(
+        root / "0.1.0", "0.1.0", [("builder", {STUB: "VERSION = 1\n"}), ("wiring", {VERSION_PY: "+=# ddtree 0.1.0\n"})]
+    )
+    v2 = make_patch_set(
+        root / "0.2.0",
+        "0.2.0",
+        [
+            ("builder", {STUB: "VERSION = 2\n"}),
+            ("wiring", {VERSION_PY: "+=# ddtree 0.2.0\n"}),
+            ("extra", {INIT_PY: "+=# ddtree 0.2.0 extra\n"}),
+        ],
+    )
     return {"v1": v1, "v2": v2}

@@ -13,8 +13,13 @@ import threading
 import pytest
 import yaml
 
-GOOD = {"name": "g1", "ssh": {"host": "127.0.0.1", "port": 22},
-        "gpu": {"model": "x", "count": 8, "arch": "sm_120"}, "interconnect": "pcie", "checkout": "/opt/sglang"}
+GOOD = {
+    "name": "g1",
+    "ssh": {"host": "127.0.0.1", "port": 22},
+    "gpu": {"model": "x", "count": 8, "arch": "sm_120"},
+    "interconnect": "pcie",
+    "checkout": "/opt/sglang",
+}
 
 
 def one_error_line(r) -> str:
@@ -49,33 +54,37 @@ def with_change(**change) -> str:
 
 # -- inventory files --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, expect", [
-    ("name: [a", "not valid YAML"),
-    ("- a\n- b\n", "a host must be a mapping, got list"),
-    ("hello\n", "a host must be a mapping, got str"),
-    ("hosts: 3\n", "'hosts' must be a list"),
-    (b"name: \xff\n", "not UTF-8 text"),
-    (with_change() + "name: g2\n", "duplicate key 'name'"),
-    ("hosts:\n  - {name: a, name: b}\n", "duplicate key 'name'"),
-    (with_change(colour="red"), "field colour: Extra inputs are not permitted"),
-    (with_change(gpu__count="many"), "field gpu.count"),
-    (with_change(gpu__count=True), "field gpu.count: True is not a number"),
-    (with_change(gpu__arch="sm_1x"), "field gpu.arch: 'sm_1x' is not a CUDA arch"),
-    (with_change(ssh__port=0), "field ssh.port: Input should be greater than or equal to 1"),
-    (with_change(ssh__port=70000), "field ssh.port: Input should be less than or equal to 65535"),
-    (with_change(ssh__port="abc"), "field ssh.port: Input should be a valid integer"),
-    (with_change(ssh__port=True), "field ssh.port: True is not a number"),
-    (with_change(name="g1;rm -rf"), "field name:"),
-    (with_change(name="g 1"), "field name:"),
-    (with_change(env={"A": 1}), "field env.A: Input should be a valid string"),
-    (with_change(env={"A B": "x"}), "environment name 'A B' is not a valid variable name"),
-    (with_change(name="g1\n"), "field name: 'g1\\n' must be letters"),
-    (with_change(gpu__arch="sm_120\n"), "field gpu.arch: 'sm_120\\n' is not a CUDA arch"),
-    (with_change(env={"A\n": "x"}), "environment name 'A\\n' is not a valid variable name"),
-    (with_change(checkout="~/sglang"), "field checkout: '~/sglang' must be an absolute path"),
-    (with_change(checkout="sglang"), "field checkout: 'sglang' must be an absolute path"),
-    (with_change(checkout="/opt/a\nb"), "field checkout: '/opt/a\\nb' contains a newline or control character"),
-])
+
+@pytest.mark.parametrize(
+    "text, expect",
+    [
+        ("name: [a", "not valid YAML"),
+        ("- a\n- b\n", "a host must be a mapping, got list"),
+        ("hello\n", "a host must be a mapping, got str"),
+        ("hosts: 3\n", "'hosts' must be a list"),
+        (b"name: \xff\n", "not UTF-8 text"),
+        (with_change() + "name: g2\n", "duplicate key 'name'"),
+        ("hosts:\n  - {name: a, name: b}\n", "duplicate key 'name'"),
+        (with_change(colour="red"), "field colour: Extra inputs are not permitted"),
+        (with_change(gpu__count="many"), "field gpu.count"),
+        (with_change(gpu__count=True), "field gpu.count: True is not a number"),
+        (with_change(gpu__arch="sm_1x"), "field gpu.arch: 'sm_1x' is not a CUDA arch"),
+        (with_change(ssh__port=0), "field ssh.port: Input should be greater than or equal to 1"),
+        (with_change(ssh__port=70000), "field ssh.port: Input should be less than or equal to 65535"),
+        (with_change(ssh__port="abc"), "field ssh.port: Input should be a valid integer"),
+        (with_change(ssh__port=True), "field ssh.port: True is not a number"),
+        (with_change(name="g1;rm -rf"), "field name:"),
+        (with_change(name="g 1"), "field name:"),
+        (with_change(env={"A": 1}), "field env.A: Input should be a valid string"),
+        (with_change(env={"A B": "x"}), "environment name 'A B' is not a valid variable name"),
+        (with_change(name="g1\n"), "field name: 'g1\\n' must be letters"),
+        (with_change(gpu__arch="sm_120\n"), "field gpu.arch: 'sm_120\\n' is not a CUDA arch"),
+        (with_change(env={"A\n": "x"}), "environment name 'A\\n' is not a valid variable name"),
+        (with_change(checkout="~/sglang"), "field checkout: '~/sglang' must be an absolute path"),
+        (with_change(checkout="sglang"), "field checkout: 'sglang' must be an absolute path"),
+        (with_change(checkout="/opt/a\nb"), "field checkout: '/opt/a\\nb' contains a newline or control character"),
+    ],
+)
 def test_bad_host_file_is_one_line_naming_file_and_field(tmp_path, cli, text, expect):
     inv, path = inventory(tmp_path, text)
     line = one_error_line(cli("hosts", inventory=inv))
@@ -86,11 +95,11 @@ def test_bad_host_file_is_one_line_naming_file_and_field(tmp_path, cli, text, ex
 def test_odd_but_valid_host_values_are_kept_verbatim(tmp_path, cli):
     """Spaces, quotes and $(...) in a checkout or env value are data (quoted on the host), not refused."""
     weird = "/opt/a b/$(touch x)'q\""
-    inv, _ = inventory(tmp_path, with_change(checkout=weird, env={"A": "it's \"q\" $(x)"}))
+    inv, _ = inventory(tmp_path, with_change(checkout=weird, env={"A": 'it\'s "q" $(x)'}))
     r = cli("hosts", "--json", inventory=inv)
     assert r.code == 0, r.stderr
     host = next(h for h in yaml.safe_load(r.stdout) if h["name"] == "g1")
-    assert host["checkout"] == weird and host["env"] == {"A": "it's \"q\" $(x)"}
+    assert host["checkout"] == weird and host["env"] == {"A": 'it\'s "q" $(x)'}
 
 
 def test_empty_host_file_adds_no_host(tmp_path, cli):
@@ -123,16 +132,20 @@ def test_missing_inventory_dir(tmp_path, cli):
 
 # -- host selection ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args, code, expect", [
-    (["status", "--host", "nope"], 3, "unknown host 'nope' (known: g1, local)"),
-    (["status", "--group", "nope"], 3, "unknown or empty group 'nope'"),
-    (["status"], 2, "choose hosts with --host NAME, --group G or --all"),
-    (["status", "--host", "g1", "--all"], 2, "--all already selects every host; drop --host/--group"),
-    (["build", "--group", "local", "--all"], 2, "--all already selects every host"),
-    (["push", "--host", "g1", "--version", "9.9.9"], 4, "patch set ddtree 9.9.9 not found"),
-    (["patches", "diff", "9.9.8", "9.9.9"], 4, "patch set ddtree 9.9.8 not found"),
-    (["patches", "show", "nope"], 4, "patch set 'nope' is neither a released version nor a directory"),
-])
+
+@pytest.mark.parametrize(
+    "args, code, expect",
+    [
+        (["status", "--host", "nope"], 3, "unknown host 'nope' (known: g1, local)"),
+        (["status", "--group", "nope"], 3, "unknown or empty group 'nope'"),
+        (["status"], 2, "choose hosts with --host NAME, --group G or --all"),
+        (["status", "--host", "g1", "--all"], 2, "--all already selects every host; drop --host/--group"),
+        (["build", "--group", "local", "--all"], 2, "--all already selects every host"),
+        (["push", "--host", "g1", "--version", "9.9.9"], 4, "patch set ddtree 9.9.9 not found"),
+        (["patches", "diff", "9.9.8", "9.9.9"], 4, "patch set ddtree 9.9.8 not found"),
+        (["patches", "show", "nope"], 4, "patch set 'nope' is neither a released version nor a directory"),
+    ],
+)
 def test_bad_selection_or_version(tmp_path, cli, monkeypatch, args, code, expect):
     monkeypatch.setenv("DDEPLOY_PATCHES_DIR", str(tmp_path / "released"))
     inv, _ = inventory(tmp_path, with_change())
@@ -142,16 +155,20 @@ def test_bad_selection_or_version(tmp_path, cli, monkeypatch, args, code, expect
 
 # -- render / launch --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("setting, expect", [
-    ("garbage", "malformed --set 'garbage': expected key=value"),
-    ("=x", "malformed --set '=x'"),
-    ("bogus=1", "--set: unknown key 'bogus'"),
-    ("port=abc", "--set: port='abc': expected an integer"),
-    ("port=70000", "port must be a TCP port in 1..65535 (got 70000)"),
-    ("port=0", "port must be a TCP port in 1..65535 (got 0)"),
-    ("model_path=x\nrm -rf ~", "--set: model_path='x\\nrm -rf ~': must be one line"),
-    ("env.FOO=a\rb", "--set: env.FOO='a\\rb': must be one line"),
-])
+
+@pytest.mark.parametrize(
+    "setting, expect",
+    [
+        ("garbage", "malformed --set 'garbage': expected key=value"),
+        ("=x", "malformed --set '=x'"),
+        ("bogus=1", "--set: unknown key 'bogus'"),
+        ("port=abc", "--set: port='abc': expected an integer"),
+        ("port=70000", "port must be a TCP port in 1..65535 (got 70000)"),
+        ("port=0", "port must be a TCP port in 1..65535 (got 0)"),
+        ("model_path=x\nrm -rf ~", "--set: model_path='x\\nrm -rf ~': must be one line"),
+        ("env.FOO=a\rb", "--set: env.FOO='a\\rb': must be one line"),
+    ],
+)
 def test_render_set_garbage(tmp_path, cli, setting, expect):
     inv, _ = inventory(tmp_path, with_change())
     r = cli("render", "--host", "g1", "-t", "tp8", "--set", setting, inventory=inv)
@@ -182,17 +199,20 @@ def test_launch_checks_topology_before_contacting_the_host(tmp_path, cli):
 MANIFEST = "name: ddtree\nversion: 0.1.0\nbase: {sglang: 0.5.23, tree: x}\npatches: [{name: p.patch, sha256: x}]\n"
 
 
-@pytest.mark.parametrize("files, expect", [
-    ({}, "manifest.yaml: missing manifest"),
-    ({"manifest.yaml": "name: ["}, "manifest.yaml: not valid YAML"),
-    ({"manifest.yaml": "- 1\n"}, "manifest.yaml: expected a mapping at the top level"),
-    ({"manifest.yaml": b"\xff\xfe"}, "manifest.yaml: cannot read the manifest (not UTF-8 text)"),
-    ({"manifest.yaml/": None}, "manifest.yaml: cannot read the manifest (Is a directory)"),
-    ({"manifest.yaml": MANIFEST}, "series: missing series file"),
-    ({"manifest.yaml": MANIFEST, "series": b"\xff"}, "series: cannot read the series file (not UTF-8 text)"),
-    ({"manifest.yaml": MANIFEST, "series": "p.patch\n"}, "patch p.patch listed in series is missing"),
-    ({"manifest.yaml": MANIFEST, "series": "q.patch\n"}, "series ['q.patch'] does not match manifest patches"),
-])
+@pytest.mark.parametrize(
+    "files, expect",
+    [
+        ({}, "manifest.yaml: missing manifest"),
+        ({"manifest.yaml": "name: ["}, "manifest.yaml: not valid YAML"),
+        ({"manifest.yaml": "- 1\n"}, "manifest.yaml: expected a mapping at the top level"),
+        ({"manifest.yaml": b"\xff\xfe"}, "manifest.yaml: cannot read the manifest (not UTF-8 text)"),
+        ({"manifest.yaml/": None}, "manifest.yaml: cannot read the manifest (Is a directory)"),
+        ({"manifest.yaml": MANIFEST}, "series: missing series file"),
+        ({"manifest.yaml": MANIFEST, "series": b"\xff"}, "series: cannot read the series file (not UTF-8 text)"),
+        ({"manifest.yaml": MANIFEST, "series": "p.patch\n"}, "patch p.patch listed in series is missing"),
+        ({"manifest.yaml": MANIFEST, "series": "q.patch\n"}, "series ['q.patch'] does not match manifest patches"),
+    ],
+)
 def test_broken_patch_set_dir(tmp_path, cli, files, expect):
     d = tmp_path / "set"
     d.mkdir()
@@ -206,6 +226,7 @@ def test_broken_patch_set_dir(tmp_path, cli, files, expect):
 
 
 # -- unreachable and hostile hosts ------------------------------------------------------------
+
 
 def _closed_port() -> int:
     with socket.socket() as s:
@@ -258,11 +279,14 @@ def test_missing_identity_file_is_named(tmp_path, cli, silent_server):
     assert f"identity file {key} (ssh.identity in {path}) does not exist" in r.stderr and r.code == 5
 
 
-@pytest.mark.parametrize("reply, expect", [
-    ("{not json", "replied with something that is not a JSON object: '{not json'"),
-    ('{"ok": false, "error": "str"}', "unknown agent error"),
-    ('{"ok": true}', "replied without 'entries'"),
-])
+@pytest.mark.parametrize(
+    "reply, expect",
+    [
+        ("{not json", "replied with something that is not a JSON object: '{not json'"),
+        ('{"ok": false, "error": "str"}', "unknown agent error"),
+        ('{"ok": true}', "replied without 'entries'"),
+    ],
+)
 def test_host_python_replying_junk(tmp_path, cli, reply, expect):
     fake = tmp_path / "python"
     fake.write_text(f"#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' '{reply}'\n")
@@ -295,11 +319,14 @@ def test_export_refuses_a_malformed_version_before_writing(tmp_path, cli, monkey
     assert not (tmp_path / "released").exists()
 
 
-@pytest.mark.parametrize("config, expect", [
-    (b"Host *\n  ProxyCommand\n", "ConfigParseError: Unparsable line ProxyCommand"),
-    (b"Host *\n  Port abc\n", "ValueError: invalid literal for int()"),
-    (b"\xff\xfe", "UnicodeDecodeError"),
-])
+@pytest.mark.parametrize(
+    "config, expect",
+    [
+        (b"Host *\n  ProxyCommand\n", "ConfigParseError: Unparsable line ProxyCommand"),
+        (b"Host *\n  Port abc\n", "ValueError: invalid literal for int()"),
+        (b"\xff\xfe", "UnicodeDecodeError"),
+    ],
+)
 def test_broken_ssh_config_is_named_not_an_internal_error(tmp_path, cli, config, expect):
     inv, _ = inventory(tmp_path, with_change(ssh={"host": "127.0.0.1", "config": "cfg"}))
     (inv / "cfg").write_bytes(config)

@@ -22,9 +22,13 @@ pytestmark = [pytest.mark.sshd, pytest.mark.nvcc]
 
 NVCC = "/usr/local/cuda/bin/nvcc"
 # The hosts' python shares this venv's packages: SGLang's JIT loader needs its runtime (setup-venv.sh --full).
-MISSING = (f"no CUDA toolkit at {NVCC}" if not os.path.exists(NVCC) else
-           "SGLang's runtime packages are not installed (scripts/setup-venv.sh --full)"
-           if importlib.util.find_spec("tvm_ffi") is None else None)
+MISSING = (
+    f"no CUDA toolkit at {NVCC}"
+    if not os.path.exists(NVCC)
+    else "SGLang's runtime packages are not installed (scripts/setup-venv.sh --full)"
+    if importlib.util.find_spec("tvm_ffi") is None
+    else None
+)
 needs_nvcc = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 
@@ -40,8 +44,11 @@ def push(cli, fleet, set_dir, *names) -> None:
 
 def source_hash(host) -> str:
     """What build.py hashes, recomputed here from the files on disk."""
-    files = sorted(p.relative_to(host.checkout).as_posix()
-                   for p in (host.checkout / "python/sglang/kernels/jit").rglob("ddtree*") if p.is_file())
+    files = sorted(
+        p.relative_to(host.checkout).as_posix()
+        for p in (host.checkout / "python/sglang/kernels/jit").rglob("ddtree*")
+        if p.is_file()
+    )
     files += [f"python/sglang/srt/speculative/{n}" for n in ("ddtree_build.py", "ddtree_kernel.py")]
     lines = "".join(f"{hashlib.sha256((host.checkout / f).read_bytes()).hexdigest()}  {f}\n" for f in sorted(files))
     return hashlib.sha256(lines.encode()).hexdigest()
@@ -84,7 +91,9 @@ def test_build_compiles_for_each_hosts_arch_and_records_it(built, python_hosts):
         assert host.git("status", "--porcelain") == ""  # bytecode went into .git, not the work tree
     assert "[k1] ddtree_build: built speculative_ddtree arch=12.0" in built.stderr
     assert "[k2] ddtree_build: built speculative_tree arch=10.3" in built.stderr
-    assert f"SGLANG_JIT_CACHE_DIR={k1.root / 'jit' / source_hash(k1)[:16]} SGLANG_CRASH_ON_JIT_COMPILE=1" in built.stderr
+    assert (
+        f"SGLANG_JIT_CACHE_DIR={k1.root / 'jit' / source_hash(k1)[:16]} SGLANG_CRASH_ON_JIT_COMPILE=1" in built.stderr
+    )
     results = {r["host"]: r for r in json.loads(built.stdout)}
     assert results["k1"]["changed"] and results["k2"]["changed"]
 
@@ -107,8 +116,15 @@ def test_second_build_is_a_noop_and_status_shows_the_build(cli, built, fleet):
 def test_changed_kernel_source_rebuilds_and_rollback_reuses_the_old_build(cli, built, fleet, kernel_sets):
     k1 = fleet.hosts[0]
     old_hash = source_hash(k1)
-    r = cli("push", "--host", "k1", "--version", str(kernel_sets["kernel_changed"]), "--build",
-                inventory=fleet.inventory_dir)
+    r = cli(
+        "push",
+        "--host",
+        "k1",
+        "--version",
+        str(kernel_sets["kernel_changed"]),
+        "--build",
+        inventory=fleet.inventory_dir,
+    )
     assert r.code == 0, r.stderr
     new_hash = source_hash(k1)
     assert new_hash != old_hash
@@ -128,8 +144,9 @@ def test_changed_kernel_source_rebuilds_and_rollback_reuses_the_old_build(cli, b
 
 @needs_nvcc
 def test_push_build_skips_the_build_when_kernel_sources_did_not_change(cli, built, fleet, kernel_sets):
-    r = cli("push", "--host", "k2", "--version", str(kernel_sets["broken_test"]), "--build",
-                inventory=fleet.inventory_dir)
+    r = cli(
+        "push", "--host", "k2", "--version", str(kernel_sets["broken_test"]), "--build", inventory=fleet.inventory_dir
+    )
     assert r.code == 0, r.stderr
     assert "[k2] kernel sources unchanged by this push; no build" in r.stderr
     assert "[k2] building (" not in r.stderr and "ddtree_build:" not in r.stderr
@@ -181,15 +198,19 @@ def test_a_missing_nvcc_fails_clearly(cli, fleet, tmp_path):
 
 def test_inventory_and_nvidia_smi_disagreeing_fails_naming_both(cli, fleet, tmp_path):
     real = subprocess.run(["sh", "-c", "echo $PATH"], capture_output=True, text=True).stdout.strip()
-    _fake_tool(tmp_path / "bin" / "nvidia-smi",
-               'echo "NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0"\n'
-               'echo "NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0"\n')
+    _fake_tool(
+        tmp_path / "bin" / "nvidia-smi",
+        'echo "NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0"\n'
+        'echo "NVIDIA RTX PRO 6000 Blackwell Server Edition, 12.0"\n',
+    )
     inv = variant_inventory(fleet, tmp_path / "inv", "k2", env={"PATH": f"{tmp_path / 'bin'}:{real}"})
     r = cli("build", "--host", "k2", inventory=inv)
     assert r.code == 8, r.stderr
-    assert ("inventory says gpu.arch sm_103 (NVIDIA B300 SXM6)" in r.stderr and
-            "nvidia-smi reports NVIDIA RTX PRO 6000 Blackwell Server Edition, compute capability 12.0 (sm_120)"
-            in r.stderr)
+    assert (
+        "inventory says gpu.arch sm_103 (NVIDIA B300 SXM6)" in r.stderr
+        and "nvidia-smi reports NVIDIA RTX PRO 6000 Blackwell Server Edition, compute capability 12.0 (sm_120)"
+        in r.stderr
+    )
 
 
 @needs_nvcc
@@ -203,7 +224,7 @@ def test_a_matching_nvidia_smi_confirms_the_arch(cli, built, fleet, tmp_path):
 
 
 def test_build_refuses_a_checkout_without_a_patch_set(cli, python_hosts, tmp_path):
-    from deployer.base import clone_base
+    from deployer.patchset.sglang_base import clone_base
 
     clone_base(tmp_path / "pristine")
     inv = variant_inventory(python_hosts, tmp_path / "inv", "k1", checkout=str(tmp_path / "pristine"))
@@ -219,7 +240,9 @@ def test_a_compile_error_fails_the_host_with_nvccs_diagnostics(cli, built, fleet
     push(cli, fleet, kernel_sets["kernel_broken"], "k1")
     r = cli("build", "--host", "k1", inventory=fleet.inventory_dir)
     assert r.code == 8, r.stderr
-    nvcc_lines = [line for line in r.stderr.splitlines() if line.startswith("[k1] ddtree_build:   speculative_ddtree: ")]
+    nvcc_lines = [
+        line for line in r.stderr.splitlines() if line.startswith("[k1] ddtree_build:   speculative_ddtree: ")
+    ]
     assert any("ddtree_core.cuh" in line and "error" in line for line in nvcc_lines), r.stderr  # nvcc's own words
     assert "kernel build for sm_120 failed (exit 1): speculative_ddtree:" in r.stderr
     assert state_of(k1)["builds"]["sm_120"]["ok"] is False

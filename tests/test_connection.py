@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from deployer.connection import open_connection
+from deployer.transport.connection import open_connection
 from deployer.errors import ConnectError, RemoteCommandError
 from deployer.inventory import Inventory, local_host
 
@@ -83,15 +83,17 @@ def test_auth_refused_with_a_foreign_key(hosts, tmp_path):
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     h = hosts.hosts[0]
     cfg = tmp_path / "ssh_config"
-    cfg.write_text(f"Host other\n  HostName {h.address}\n  Port {h.port}\n  User root\n  IdentityFile {key}\n"
-                   f"  IdentitiesOnly yes\n  UserKnownHostsFile {hosts.known_hosts}\n")
+    cfg.write_text(
+        f"Host other\n  HostName {h.address}\n  Port {h.port}\n  User root\n  IdentityFile {key}\n"
+        f"  IdentitiesOnly yes\n  UserKnownHostsFile {hosts.known_hosts}\n"
+    )
     host = _with_ssh(_host(hosts, "h1"), host="other", config=str(cfg))
     with pytest.raises(ConnectError, match=r"\[h1\] authentication refused"):
         open_connection(host)
 
 
 def test_banner_timeout_is_one_clear_line(hosts):
-    from deployer.connection import Timeouts
+    from deployer.transport.connection import Timeouts
 
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
@@ -126,7 +128,7 @@ def test_local_connection_runs_argv_without_a_shell(tmp_path):
 
 
 def test_command_timeout_from_the_environment(hosts, monkeypatch):
-    from deployer.connection import Timeouts
+    from deployer.transport.connection import Timeouts
 
     monkeypatch.setenv("DDEPLOY_COMMAND_TIMEOUT", "0.5")
     monkeypatch.setenv("DDEPLOY_BANNER_TIMEOUT", "3")

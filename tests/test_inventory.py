@@ -7,11 +7,16 @@ import yaml
 
 from deployer.errors import InventoryError
 from deployer.inventory import Inventory
-from deployer.paths import HOSTS_DIR
+from deployer.locations import HOSTS_DIR
 
-GOOD = {"name": "gpu1", "ssh": {"host": "10.0.0.5", "user": "ubuntu"},
-        "gpu": {"model": "NVIDIA B300 SXM6", "count": 8, "arch": "sm_103"}, "interconnect": "nvlink",
-        "checkout": "/opt/sglang", "groups": ["b300"]}
+GOOD = {
+    "name": "gpu1",
+    "ssh": {"host": "10.0.0.5", "user": "ubuntu"},
+    "gpu": {"model": "NVIDIA B300 SXM6", "count": 8, "arch": "sm_103"},
+    "interconnect": "nvlink",
+    "checkout": "/opt/sglang",
+    "groups": ["b300"],
+}
 
 
 def write(tmp_path, name, doc):
@@ -26,13 +31,16 @@ def test_shipped_hosts_are_valid():
     assert inv.get("local").is_local
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"gpu": {**GOOD["gpu"], "arch": "103"}}, "gpu.arch"),
-    ({"interconnect": "infiniband"}, "interconnect"),
-    ({"ssh": {"host": "-oProxyCommand=evil"}}, "ssh.host"),
-    ({"gpu": {**GOOD["gpu"], "count": 0}}, "gpu.count"),
-    ({"colour": "blue"}, "colour"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"gpu": {**GOOD["gpu"], "arch": "103"}}, "gpu.arch"),
+        ({"interconnect": "infiniband"}, "interconnect"),
+        ({"ssh": {"host": "-oProxyCommand=evil"}}, "ssh.host"),
+        ({"gpu": {**GOOD["gpu"], "count": 0}}, "gpu.count"),
+        ({"colour": "blue"}, "colour"),
+    ],
+)
 def test_errors_name_file_host_and_field(tmp_path, change, field):
     write(tmp_path, "gpu1.yaml", {**GOOD, **change})
     with pytest.raises(InventoryError) as exc:
@@ -53,7 +61,7 @@ def test_selection_by_name_group_and_all(tmp_path):
 
 
 def test_inventory_level_ssh_config_is_used(tmp_path):
-    from deployer.connection import _ssh_config_path
+    from deployer.transport.connection import _ssh_config_path
 
     write(tmp_path, "a.yaml", GOOD)
     assert _ssh_config_path(Inventory.load(tmp_path).get("gpu1")) != tmp_path / "ssh_config"

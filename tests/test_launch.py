@@ -16,13 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from deployer.launch import build_cache_dir
+from deployer.ops.launch import build_cache_dir
 
 pytestmark = pytest.mark.sshd
 
 STAND_IN = "import sys, time; print('stand-in server', *sys.argv[1:3], flush=True); time.sleep(300)"
-STUBBORN = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "print('stubborn server', flush=True); time.sleep(300)")
+STUBBORN = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('stubborn server', flush=True); time.sleep(300)"
+)
 
 
 def _alive(pid: int) -> bool:
@@ -69,11 +71,29 @@ def test_launch_starts_detached_logs_show_output_and_stop_ends_exactly_that_proc
     twin = subprocess.Popen([c.decode() for c in cmdline], stdout=subprocess.DEVNULL, start_new_session=True)
     follow = None
     try:
-        assert _wait_for(lambda: "stand-in server --model-path moonshotai/Kimi-K2.6" in
-                         ddeploy("logs", "--host", "h1", "-n", "5").stdout)
-        follow = subprocess.Popen([sys.executable, "-c", "from deployer.cli import main; main()", "-i",
-                                   str(hosts.inventory_dir), "logs", "--host", "h1", "-n", "1", "--follow"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert _wait_for(
+            lambda: (
+                "stand-in server --model-path moonshotai/Kimi-K2.6" in ddeploy("logs", "--host", "h1", "-n", "5").stdout
+            )
+        )
+        follow = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from deployer.cli import main; main()",
+                "-i",
+                str(hosts.inventory_dir),
+                "logs",
+                "--host",
+                "h1",
+                "-n",
+                "1",
+                "--follow",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert "stand-in server --model-path" in follow.stdout.readline()
         again = ddeploy("launch", "--host", "h1", "-t", "tp8", "--set", f"server_command={server}")
         assert again.code == 7 and f"still running (pid {pid})" in again.stderr
@@ -98,15 +118,27 @@ def test_stop_kills_a_server_that_ignores_term_and_a_reused_pid_is_left_alone(dd
     h2 = hosts.host("h2")
     launch_dir = _launch_dir(h2)
     server = shlex.join([sys.executable, "-c", STUBBORN])
-    r = ddeploy("launch", "--host", "h2", "-t", "ep4", "--set", f"server_command={server}",
-                "--set", "jit_cache_dir=/srv/jit cache")
+    r = ddeploy(
+        "launch",
+        "--host",
+        "h2",
+        "-t",
+        "ep4",
+        "--set",
+        f"server_command={server}",
+        "--set",
+        "jit_cache_dir=/srv/jit cache",
+    )
     assert r.code == 0, r.stderr
     record = json.loads((launch_dir / "launch.json").read_text())
     pids = [u["pid"] for u in record["units"]]
     assert [u["name"] for u in record["units"]] == ["h2-ep4-r0", "h2-ep4-r1"] and all(map(_alive, pids))
     environ = Path(f"/proc/{pids[1]}/environ").read_bytes().split(b"\0")
-    assert {b"CUDA_VISIBLE_DEVICES=4,5,6,7", b"SGLANG_JIT_CACHE_DIR=/srv/jit cache",
-            b"SGLANG_CRASH_ON_JIT_COMPILE=1"} <= set(environ)
+    assert {
+        b"CUDA_VISIBLE_DEVICES=4,5,6,7",
+        b"SGLANG_JIT_CACHE_DIR=/srv/jit cache",
+        b"SGLANG_CRASH_ON_JIT_COMPILE=1",
+    } <= set(environ)
     try:
         # a record whose start time does not match (pid reused by someone else) is never signalled
         forged = {**record, "units": [{**record["units"][0], "starttime": "1"}]}
@@ -146,14 +178,34 @@ def stat_mode(path: Path) -> int:
     return path.stat().st_mode & 0o777
 
 
+def _applied(version: str) -> dict:
+    return {"name": "ddtree", "version": version, "fingerprint": "f", "head": "h"}
+
+
 def test_the_jit_cache_comes_from_a_good_build_of_the_applied_version():
     good = {"ok": True, "cache_dir": "/c/new", "version": "0.2.0", "at": "t2"}
     old = {"cache_dir": "/c/old", "version": "0.1.0", "at": "t1"}
-    state = {"applied": {"version": "0.2.0"}, "builds": {"sm_120": {**good, "known": {"k1": old, "k2": good}}}}
+    state = {"applied": _applied("0.2.0"), "builds": {"sm_120": {**good, "known": {"k1": old, "k2": good}}}}
     assert build_cache_dir(state, "sm_120") == ("/c/new", "build record sm_120, t2")
-    failed = {"applied": {"version": "0.1.0"}, "builds": {"sm_120": {"ok": False, "cache_dir": "/c/x",
-                                                                   "version": "0.1.0", "known": {"k1": old}}}}
+    failed = {
+        "applied": _applied("0.1.0"),
+        "builds": {"sm_120": {"ok": False, "cache_dir": "/c/x", "version": "0.1.0", "known": {"k1": old}}},
+    }
     assert build_cache_dir(failed, "sm_120") == ("/c/old", "build record sm_120, t1")  # rolled back: old build reused
     assert build_cache_dir(state, "sm_103") == (None, "no kernel build recorded for sm_103")
-    assert build_cache_dir({**state, "applied": {"version": "0.3.0"}}, "sm_120")[0] is None
+    assert build_cache_dir({**state, "applied": _applied("0.3.0")}, "sm_120")[0] is None
     assert build_cache_dir({"applied": None}, "sm_120") == (None, "no patch set applied")
+
+
+def test_an_unreadable_launch_record_is_an_error_not_nothing_launched(ddeploy, hosts):
+    """A record that cannot be read (here a directory: root reads files of any mode) never reads as
+    'nothing was launched', which would let launch start a second server beside the first."""
+    launch_dir = _launch_dir(hosts.host("h3"))
+    (launch_dir / "launch.json").mkdir(parents=True)
+    try:
+        for args in (("logs",), ("stop",), ("launch", "-t", "tp8")):
+            r = ddeploy(*args, "--host", "h3")
+            assert r.code == 7, r.stderr
+            assert f"[h3] cannot read the launch record {launch_dir / 'launch.json'}" in r.stderr
+    finally:
+        shutil.rmtree(launch_dir)

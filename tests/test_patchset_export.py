@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from deployer.errors import PatchSetError
-from deployer.export import export_patch_set, sync_differences
-from deployer.gitutil import git, git_out
-from deployer.patchset import load_patch_set
+from deployer.patchset.export import export_patch_set, sync_differences
+from deployer.patchset.local_git import git, git_out
+from deployer.patchset.release import load_patch_set
 from patchset_fixtures import SMALL_CONCERNS, make_overlay, patches_root, pristine_base, run_main, small_overlay  # noqa: F401
 
 
@@ -24,8 +24,10 @@ def test_export_twice_gives_identical_bytes_even_with_hostile_git_config(small_o
     # A user config that would change format-patch output must not leak into the export.
     home = tmp_path / "home"
     home.mkdir()
-    (home / ".gitconfig").write_text("[diff]\n\tnoprefix = true\n\tmnemonicPrefix = true\n"
-                                     "[format]\n\tsignature = hacked\n\tnumbered = true\n[core]\n\tabbrev = 7\n")
+    (home / ".gitconfig").write_text(
+        "[diff]\n\tnoprefix = true\n\tmnemonicPrefix = true\n"
+        "[format]\n\tsignature = hacked\n\tnumbered = true\n[core]\n\tabbrev = 7\n"
+    )
     monkeypatch.setenv("HOME", str(home))
     # Byte-code and pytest caches left by running the overlay tests in place are never exported.
     (small_overlay / "python/ddtree_probe/__pycache__").mkdir()
@@ -34,8 +36,12 @@ def test_export_twice_gives_identical_bytes_even_with_hostile_git_config(small_o
     (small_overlay / ".pytest_cache/README.md").write_text("cache\n")
     b = export_patch_set(small_overlay, tmp_path / "b", version="0.1.0", date="2026-11-29")
     assert tree_bytes(a.path) == tree_bytes(b.path)
-    assert sorted(tree_bytes(a.path)) == ["0001-ddtree-builder.patch", "0003-ddtree-wiring.patch",
-                                          "manifest.yaml", "series"]
+    assert sorted(tree_bytes(a.path)) == [
+        "0001-ddtree-builder.patch",
+        "0003-ddtree-wiring.patch",
+        "manifest.yaml",
+        "series",
+    ]
 
 
 def test_exported_set_has_headers_series_and_manifest(small_overlay, tmp_path, pristine_base):
@@ -53,7 +59,8 @@ def test_exported_set_has_headers_series_and_manifest(small_overlay, tmp_path, p
     assert manifest["skipped"] == [{"concern": "retrieve", "reason": "no files or hunks in the overlay"}]
     assert [p["files"] for p in manifest["patches"]] == [
         ["python/ddtree_probe/__init__.py", "test/srt/ddtree/test_probe.py"],
-        ["python/sglang/srt/arg_groups/fields/spec.py", "python/sglang/srt/arg_groups/speculative_hook.py"]]
+        ["python/sglang/srt/arg_groups/fields/spec.py", "python/sglang/srt/arg_groups/speculative_hook.py"],
+    ]
     ps = load_patch_set(d)
     assert [p.concern for p in ps.patches] == ["builder", "wiring"]
 
@@ -78,6 +85,7 @@ def test_export_over_a_released_version_is_refused_and_next_version_is_default(s
     assert sorted(p.name for p in patches_root.iterdir()) == ["0.1.0", "0.1.1"]
 
 
+@pytest.mark.slow  # several seconds: a full verify / base rebuild
 def test_released_set_applies_strictly_then_reverses_to_the_base_tree(small_overlay, tmp_path, pristine_base):
     ps = load_patch_set(export_patch_set(small_overlay, tmp_path / "sets", date="2026-11-29").path)
     work = tmp_path / "checkout"
@@ -94,10 +102,13 @@ def test_released_set_applies_strictly_then_reverses_to_the_base_tree(small_over
     assert git_out(work, "write-tree") == pristine_base.tree
 
 
-@pytest.mark.parametrize("extra, words", [
-    ("python/stray.py", "overlay file python/stray.py matches no concern"),
-    ("python/ddtree_retrieve/x/both.py", None),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ("python/stray.py", "overlay file python/stray.py matches no concern"),
+        ("python/ddtree_retrieve/x/both.py", None),
+    ],
+)
 def test_overlay_file_in_no_concern_or_two_is_an_export_error(tmp_path, extra, words):
     concerns = yaml.safe_load(yaml.safe_dump(SMALL_CONCERNS))
     concerns["concerns"][0]["files"].append("python/**/both.py")
@@ -123,7 +134,8 @@ def test_a_hunk_that_does_not_apply_fails_the_export_and_leaves_nothing(small_ov
 
 def test_an_unsafe_hunk_is_refused_before_git_sees_it(small_overlay, tmp_path):
     (small_overlay / "hunks" / "wiring.patch").write_bytes(
-        b"diff --git a/../x b/../x\nnew file mode 100644\n--- /dev/null\n+++ b/../x\n@@ -0,0 +1 @@\n+x\n")
+        b"diff --git a/../x b/../x\nnew file mode 100644\n--- /dev/null\n+++ b/../x\n@@ -0,0 +1 @@\n+x\n"
+    )
     with pytest.raises(PatchSetError, match="hunk.*escapes|escapes"):
         export_patch_set(small_overlay, tmp_path / "sets", date="2026-11-29")
 
@@ -143,7 +155,8 @@ def test_sync_check_names_the_patch_and_file_that_drifted(small_overlay, tmp_pat
     assert sync_differences(small_overlay, released) == []
     (small_overlay / "test/srt/ddtree/test_probe.py").write_text("def test_x():\n    pass\n")
     assert sync_differences(small_overlay, released) == [
-        "0001-ddtree-builder.patch: differs (~test/srt/ddtree/test_probe.py)"]
+        "0001-ddtree-builder.patch: differs (~test/srt/ddtree/test_probe.py)"
+    ]
 
 
 def test_bad_date_is_a_usage_error(small_overlay, patches_root):

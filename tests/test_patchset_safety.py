@@ -7,31 +7,39 @@ import subprocess
 import pytest
 
 from deployer.errors import ChecksumError, PatchSetError, PathSafetyError
-from deployer.pathsafety import check_path, patch_paths, split_diff_git, unquote_git_path
-from deployer.patchset import load_patch_set, next_version
+from deployer.patchset.path_safety import check_path, patch_paths, split_diff_git, unquote_git_path
+from deployer.patchset.release import load_patch_set, next_version
 from patchset_fixtures import patches_root, pristine_base, run_main, write_raw_set  # noqa: F401
 
 
 def new_file_patch(path: str, body: str = "x\n", mode: str = "100644") -> bytes:
     lines = body.splitlines(keepends=True)
     hunk = "".join("+" + ln for ln in lines)
-    return (f"diff --git a/{path} b/{path}\nnew file mode {mode}\n--- /dev/null\n+++ b/{path}\n"
-            f"@@ -0,0 +1,{len(lines)} @@\n{hunk}").encode()
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode {mode}\n--- /dev/null\n+++ b/{path}\n"
+        f"@@ -0,0 +1,{len(lines)} @@\n{hunk}"
+    ).encode()
 
 
 def test_plain_patch_lists_its_files_without_prefixes():
-    data = new_file_patch("python/sglang/srt/speculative/ddtree_tree.py") + \
-        new_file_patch("test/srt/ddtree/test_ddtree_tree.py")
-    assert patch_paths(data, patch="p") == ["python/sglang/srt/speculative/ddtree_tree.py",
-                                            "test/srt/ddtree/test_ddtree_tree.py"]
+    data = new_file_patch("python/sglang/srt/speculative/ddtree_tree.py") + new_file_patch(
+        "test/srt/ddtree/test_ddtree_tree.py"
+    )
+    assert patch_paths(data, patch="p") == [
+        "python/sglang/srt/speculative/ddtree_tree.py",
+        "test/srt/ddtree/test_ddtree_tree.py",
+    ]
 
 
-@pytest.mark.parametrize("path, words", [
-    ("../outside.py", "escapes the checkout"),
-    ("python/../../etc/passwd", "escapes the checkout"),
-    (".git/hooks/post-checkout", "inside .git/"),
-    ("python/.GIT/config", "inside .git/"),
-])
+@pytest.mark.parametrize(
+    "path, words",
+    [
+        ("../outside.py", "escapes the checkout"),
+        ("python/../../etc/passwd", "escapes the checkout"),
+        (".git/hooks/post-checkout", "inside .git/"),
+        ("python/.GIT/config", "inside .git/"),
+    ],
+)
 def test_unsafe_relative_paths_are_refused_naming_patch_and_path(path, words):
     with pytest.raises(PathSafetyError) as exc:
         patch_paths(new_file_patch(path), patch="0001-evil.patch")
@@ -71,14 +79,15 @@ def test_symlink_patch_made_by_git_itself_is_refused(tmp_path):
 
 def test_removed_line_that_looks_like_a_header_is_hunk_content():
     # Removing "-- a/../x" and adding "++ b/../y" makes body lines "--- a/../x" / "+++ b/../y".
-    data = (b"diff --git a/doc.txt b/doc.txt\n--- a/doc.txt\n+++ b/doc.txt\n@@ -1,3 +1,3 @@\n"
-            b" keep\n--- a/../x\n+++ b/../y\n keep\n")
+    data = (
+        b"diff --git a/doc.txt b/doc.txt\n--- a/doc.txt\n+++ b/doc.txt\n@@ -1,3 +1,3 @@\n"
+        b" keep\n--- a/../x\n+++ b/../y\n keep\n"
+    )
     assert patch_paths(data, patch="p") == ["doc.txt"]
 
 
 def test_header_after_a_short_hunk_is_still_checked():
-    data = (b"diff --git a/ok b/ok\n--- a/ok\n+++ b/ok\n@@ -1 +1 @@\n-a\n+b\n"
-            b"diff --git a/../evil b/../evil\n")
+    data = b"diff --git a/ok b/ok\n--- a/ok\n+++ b/ok\n@@ -1 +1 @@\n-a\n+b\ndiff --git a/../evil b/../evil\n"
     with pytest.raises(PathSafetyError, match=r"'\.\./evil' escapes"):
         patch_paths(data, patch="p")
 
@@ -114,8 +123,10 @@ def test_rename_and_copy_targets_are_checked():
 
 
 def test_binary_payload_is_skipped():
-    data = (b"diff --git a/img.bin b/img.bin\nnew file mode 100644\nindex 0000000..1111111\n"
-            b"GIT binary patch\nliteral 5\ndiff --git a/../x b/../x\n\nliteral 0\nHcmV?d00001\n\n")
+    data = (
+        b"diff --git a/img.bin b/img.bin\nnew file mode 100644\nindex 0000000..1111111\n"
+        b"GIT binary patch\nliteral 5\ndiff --git a/../x b/../x\n\nliteral 0\nHcmV?d00001\n\n"
+    )
     assert patch_paths(data, patch="p") == ["img.bin"]
 
 
@@ -152,13 +163,16 @@ def test_next_version_bumps_the_newest_patch_version():
     assert next_version(["0.1.0", "0.1.10", "0.1.9"]) == "0.1.11"
 
 
-@pytest.mark.parametrize("path, mode, words", [
-    ("../escape.py", "100644", "escapes the checkout"),
-    ("/tmp/abs.py", "100644", "absolute path"),
-    ("python/link", "120000", "symlink"),
-])
+@pytest.mark.parametrize(
+    "path, mode, words",
+    [
+        ("../escape.py", "100644", "escapes the checkout"),
+        ("/tmp/abs.py", "100644", "absolute path"),
+        ("python/link", "120000", "symlink"),
+    ],
+)
 def test_verify_refuses_unsafe_sets_before_applying(patches_root, pristine_base, path, mode, words):
-    from deployer.gitutil import git_out
+    from deployer.patchset.local_git import git_out
 
     data = new_file_patch(path, mode=mode).replace(b"a//tmp", b"/tmp").replace(b"b//tmp", b"/tmp")
     write_raw_set(patches_root / "0.1.0", {"0001-ddtree-evil.patch": data}, tree=pristine_base.tree)
@@ -172,8 +186,9 @@ def test_verify_refuses_unsafe_sets_before_applying(patches_root, pristine_base,
 
 
 def test_verify_refuses_a_flipped_byte(patches_root, pristine_base):
-    d = write_raw_set(patches_root / "0.1.0", {"0001-ddtree-ok.patch": new_file_patch("python/ok.py")},
-                      tree=pristine_base.tree)
+    d = write_raw_set(
+        patches_root / "0.1.0", {"0001-ddtree-ok.patch": new_file_patch("python/ok.py")}, tree=pristine_base.tree
+    )
     raw = bytearray((d / "0001-ddtree-ok.patch").read_bytes())
     raw[10] ^= 0x20
     (d / "0001-ddtree-ok.patch").write_bytes(bytes(raw))
@@ -183,10 +198,9 @@ def test_verify_refuses_a_flipped_byte(patches_root, pristine_base):
 
 
 def test_verify_refuses_a_set_made_for_another_base(patches_root, pristine_base):
-    write_raw_set(patches_root / "0.1.0", {"0001-ddtree-ok.patch": new_file_patch("python/ok.py")},
-                  tree="0" * 40)
+    write_raw_set(patches_root / "0.1.0", {"0001-ddtree-ok.patch": new_file_patch("python/ok.py")}, tree="0" * 40)
     r = run_main("patches", "verify", "--no-tests")
-    assert r.code == 4
+    assert r.code == 11  # ExitCode.BASE_TREE: not the patch set, the base it was made for
     assert f"was made for base tree {'0' * 40}, but the SGLang 0.5.23 base is {pristine_base.tree}" in r.stderr
 
 

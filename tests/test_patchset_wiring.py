@@ -9,11 +9,11 @@ import sys
 
 import pytest
 
-from deployer.base import clone_base
-from deployer.gitutil import git
+from deployer.patchset.sglang_base import clone_base
+from deployer.patchset.local_git import git
 from patchset_fixtures import REAL_WIRING_HUNK, pristine_base  # noqa: F401
 
-PROBE = '''
+PROBE = """
 import argparse
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.arg_groups import speculative_hook
@@ -33,7 +33,7 @@ for extra in (["--speculative-dflash-tree-budget", "0"], ["--speculative-dflash-
         print("accepted", extra)
     except ValueError as exc:
         print("refused", exc)
-'''
+"""
 
 
 @pytest.mark.slow
@@ -46,8 +46,9 @@ def test_wiring_hunk_adds_the_tree_args_with_validation(tmp_path, pristine_base)
     for module in overlay_modules.glob("ddtree_*.py"):
         shutil.copy(module, work / "python/sglang/srt/speculative" / module.name)
     env = {**os.environ, "PYTHONPATH": str(work / "python"), "PYTHONDONTWRITEBYTECODE": "1"}
-    proc = subprocess.run([sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == [
         "defaults None None",

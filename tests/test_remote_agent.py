@@ -7,12 +7,11 @@ import json
 import subprocess
 import sys
 
-from deployer.remote import AGENT_PATH, MAX_SOURCE, agent_source
+from deployer.transport.agent_client import AGENT_PATH, agent_program, agent_source
 
 
 def test_agent_is_python38_syntax_and_stdlib_only():
-    src = agent_source()
-    assert len(src) < MAX_SOURCE
+    src = agent_source().decode()
     tree = ast.parse(src, feature_version=(3, 8))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
@@ -20,38 +19,72 @@ def test_agent_is_python38_syntax_and_stdlib_only():
 
 
 def test_agent_reports_errors_as_json_not_tracebacks(tmp_path):
-    proc = subprocess.run([sys.executable, str(AGENT_PATH), "status"], capture_output=True, text=True,
-                          input=json.dumps({"checkout": str(tmp_path / "nope")}))
+    proc = subprocess.run(
+        [sys.executable, str(AGENT_PATH), "status"],
+        capture_output=True,
+        text=True,
+        input=json.dumps({"checkout": str(tmp_path / "nope")}),
+    )
     result = json.loads(proc.stdout)
     assert proc.returncode == 0 and result["ok"] is False
     assert result["error"]["kind"] == "StateError" and "does not exist on this host" in result["error"]["message"]
-    proc = subprocess.run([sys.executable, str(AGENT_PATH), "explode"], capture_output=True, text=True,
-                          input=json.dumps({"checkout": str(tmp_path)}))
+    proc = subprocess.run(
+        [sys.executable, str(AGENT_PATH), "explode"],
+        capture_output=True,
+        text=True,
+        input=json.dumps({"checkout": str(tmp_path)}),
+    )
     assert json.loads(proc.stdout)["error"]["kind"] == "UsageError"
 
 
 def test_plan_is_data_computed_before_anything_is_written(tmp_path, patch_sets):
     """The same plan object drives dry-run, push and --json; here on a local checkout, no network."""
-    from deployer.base import clone_base, ensure_base
-    from deployer.engine import Options, plan_host
+    from deployer.patchset.sglang_base import clone_base, ensure_base
+    from deployer.cli.views import describe_plan
+    from deployer.ops.deploy import Options, plan_host
     from deployer.inventory import local_host
-    from deployer.patchset import load_patch_set
+    from deployer.patchset.release import load_patch_set
 
     checkout = clone_base(tmp_path / "co")
     host = local_host().model_copy(update={"checkout": str(checkout)})
     base = ensure_base()
     lines: list[str] = []
-    out = plan_host(host, load_patch_set(str(patch_sets["v2"])), Options(dry_run=True), lines.append)
-    plan = out.data["plan"]
-    assert out.summary == "would apply ddtree 0.2.0 (3 patches, 3 files)"
+    ps = load_patch_set(str(patch_sets["v2"]))
+    out = plan_host(host, ps, Options(dry_run=True), lines.append)
+    plan = out.to_data()["plan"]
+    assert describe_plan(out.result.plan, ps) == "would apply ddtree 0.2.0 (3 patches, 3 files)"
     assert plan == {
-        "action": "apply", "blocked": None, "drift": [], "from": None, "head": base.commit,
-        "pre_deploy": base.commit, "version": "0.2.0",
-        "files": ["python/sglang/srt/speculative/ddtree_stub.py", "python/sglang/version.py",
-                  "python/sglang/__init__.py"],
+        "action": "apply",
+        "blocked": None,
+        "drift": [],
+        "from": None,
+        "head": base.commit,
+        "pre_deploy": base.commit,
+        "version": "0.2.0",
+        "files": [
+            "python/sglang/srt/speculative/ddtree_stub.py",
+            "python/sglang/version.py",
+            "python/sglang/__init__.py",
+        ],
         "patches": [
-            {"name": "0001-builder.patch", "files": ["python/sglang/srt/speculative/ddtree_stub.py"], "ok": True,
-             "error": None},
+            {
+                "name": "0001-builder.patch",
+                "files": ["python/sglang/srt/speculative/ddtree_stub.py"],
+                "ok": True,
+                "error": None,
+            },
             {"name": "0002-wiring.patch", "files": ["python/sglang/version.py"], "ok": True, "error": None},
-            {"name": "0003-extra.patch", "files": ["python/sglang/__init__.py"], "ok": True, "error": None}]}
+            {"name": "0003-extra.patch", "files": ["python/sglang/__init__.py"], "ok": True, "error": None},
+        ],
+    }
     assert not (checkout / ".git" / "ddeploy").exists()
+
+
+def test_agent_source_and_request_travel_on_stdin_not_in_argv(tmp_path):
+    """argv is only `python - OP` (what `ps` on the host shows); source and request come on stdin."""
+    secret = str(tmp_path / "nope-a-path-only-in-the-request")
+    proc = subprocess.run(
+        [sys.executable, "-", "status"], input=agent_program({"checkout": secret}), capture_output=True
+    )
+    result = json.loads(proc.stdout)
+    assert result["error"]["kind"] == "StateError" and secret in result["error"]["message"]

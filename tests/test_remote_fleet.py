@@ -22,7 +22,7 @@ def test_three_hosts_in_parallel_one_down(hosts, ddeploy, patch_sets):
     assert results["h3"]["error"]["type"] == "ConnectError" and "unreachable" in results["h3"]["error"]["message"]
     for h in hosts.hosts[:2]:
         assert (h.checkout / STUB).read_text() == "VERSION = 1\n"
-    summary = r.stderr[r.stderr.index("host  result"):]
+    summary = r.stderr[r.stderr.index("host  result") :]
     assert "h1    ok: applied ddtree 0.1.0" in summary and "h3    FAILED: " in summary
     assert "ddeploy: error: 1 of 3 host(s) failed: h3" in r.stderr
 
@@ -83,6 +83,7 @@ def test_local_host_checkout_is_made_from_the_base_on_first_use(hosts, patch_set
     r = cli("push", "--host", "local", "--version", str(patch_sets["v1"]), inventory=hosts.inventory_dir)
     assert r.code == 0, r.stderr
     from pathlib import Path
+
     assert (Path(checkout) / STUB).read_text() == "VERSION = 1\n"
     r = cli("rollback", "--host", "local", inventory=hosts.inventory_dir)
     assert r.code == 0 and not (Path(checkout) / STUB).exists()

@@ -8,10 +8,16 @@ import time
 
 import pytest
 
-from deployer.engine import Outcome
+from deployer.cli.progress import Progress
+from deployer.cli.views import result_json, summary, summary_table
 from deployer.errors import ConnectError, DriftError, HostsFailed
-from deployer.fleet import Progress, raise_if_failed, run_fleet, summary_table
 from deployer.inventory import local_host
+from deployer.ops.fleet import raise_if_failed, run_fleet
+from deployer.ops.outcome import Outcome
+
+
+def describe(text):
+    return text
 
 
 def fake_hosts(n):
@@ -32,7 +38,7 @@ def test_parallelism_is_bounded_and_results_keep_inventory_order():
         return Outcome(f"done {host.name}")
 
     out = io.StringIO()
-    results = run_fleet(fake_hosts(7), op, parallel=3, progress=Progress(7, out))
+    results = run_fleet(fake_hosts(7), op, parallel=3, events=Progress(7, lambda r: summary(r, describe), out))
     assert peak[0] == 3
     assert [r.host for r in results] == [f"n{i}" for i in range(7)]
     assert "[n4] working" in out.getvalue()
@@ -46,11 +52,13 @@ def test_one_failure_never_hides_the_others():
             raise ValueError("bug")
         return Outcome("fine", changed=True)
 
-    results = run_fleet(fake_hosts(4), op, parallel=2, progress=Progress(4, io.StringIO()))
+    results = run_fleet(
+        fake_hosts(4), op, parallel=2, events=Progress(4, lambda r: summary(r, describe), io.StringIO())
+    )
     assert [r.status for r in results] == ["ok", "failed", "failed", "ok"]
-    assert results[1].to_json()["error"] == {"type": "ConnectError", "message": "[n1] unreachable", "exit_code": 5}
-    assert "internal error: ValueError: bug" in results[2].summary
-    table = summary_table(results)
+    assert result_json(results[1])["error"] == {"type": "ConnectError", "message": "[n1] unreachable", "exit_code": 5}
+    assert "internal error: ValueError: bug" in results[2].message
+    table = summary_table(results, describe)
     assert "n1    FAILED: unreachable" in table and "n3    ok: fine" in table
     with pytest.raises(HostsFailed, match="2 of 4 host\\(s\\) failed: n1, n2") as exc:
         raise_if_failed(results)
@@ -61,7 +69,9 @@ def test_fail_fast_and_single_kind_exit_code():
     def op(host, say):
         raise DriftError("hand edits", host=host.name)
 
-    results = run_fleet(fake_hosts(3), op, parallel=1, fail_fast=True, progress=Progress(3, io.StringIO()))
+    results = run_fleet(
+        fake_hosts(3), op, parallel=1, fail_fast=True, events=Progress(3, lambda r: summary(r, describe), io.StringIO())
+    )
     assert [r.status for r in results] == ["failed", "skipped", "skipped"]
     with pytest.raises(HostsFailed) as exc:
         raise_if_failed(results)

@@ -20,16 +20,23 @@ pytestmark = pytest.mark.sshd
 
 
 def snapshot(h) -> dict:
-    return {"refs": h.git("for-each-ref", "--format=%(objectname) %(refname)"), "head": h.git("rev-parse", "HEAD"),
-            "status": h.git("status", "--porcelain", "--untracked-files=all")}
+    return {
+        "refs": h.git("for-each-ref", "--format=%(objectname) %(refname)"),
+        "head": h.git("rev-parse", "HEAD"),
+        "status": h.git("status", "--porcelain", "--untracked-files=all"),
+    }
 
 
 def cli_process(hosts, *args, pause: str) -> subprocess.Popen:
     """The real CLI as a separate process, with the agent's test pause hook set."""
     env = {**os.environ, "DDEPLOY_TEST_AGENT_PAUSE": pause}
-    return subprocess.Popen([sys.executable, "-c", "from deployer.cli import main; main()", "-i",
-                             str(hosts.inventory_dir), *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", "from deployer.cli import main; main()", "-i", str(hosts.inventory_dir), *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(predicate, timeout=20.0, what="condition"):
@@ -129,7 +136,10 @@ def test_deploy_killed_mid_switch_is_completed_by_the_next_push(hosts, ddeploy, 
     owner = json.loads((lock_dir(h2) / "owner.json").read_text())
     os.kill(owner["pid"], signal.SIGKILL)  # the agent dies with the work tree half switched
     push.communicate(timeout=60)
-    assert (h2.checkout / ".git" / "ddeploy" / "journal.json").exists()
+    journal = json.loads((h2.checkout / ".git" / "ddeploy" / "journal.json").read_text())
+    assert journal["command"].startswith("ddeploy -i ") and journal["command"].endswith(
+        f"push --host h2 --version {patch_sets['v1']}"
+    )  # the real command line, not the interpreter's argv
     status = ddeploy("status", "--host", "h2", "--json")
     assert json.loads(status.stdout)[0]["data"]["interrupted"] is True
     assert "(stale)" in status.stderr
@@ -144,8 +154,17 @@ def test_deploy_killed_mid_switch_is_completed_by_the_next_push(hosts, ddeploy, 
 def test_lock_status_and_release(hosts, ddeploy, monkeypatch):
     h3 = hosts.hosts[2]
     lock_dir(h3).mkdir(parents=True)
-    (lock_dir(h3) / "owner.json").write_text(json.dumps({"by": "alice@laptop", "pid": 999999, "host": "elsewhere",
-                                                         "time": time.time() - 600, "command": "ddeploy push"}))
+    (lock_dir(h3) / "owner.json").write_text(
+        json.dumps(
+            {
+                "by": "alice@laptop",
+                "pid": 999999,
+                "host": "elsewhere",
+                "time": time.time() - 600,
+                "command": "ddeploy push",
+            }
+        )
+    )
     r = ddeploy("lock", "status", "--host", "h3")
     assert r.code == 0
     assert re.search(r"held by alice@laptop pid 999999 running `ddeploy push` for 6\d\ds", r.stderr)
@@ -172,7 +191,9 @@ def test_tampered_or_escaping_patch_sets_are_refused_before_any_host(hosts, ddep
     shutil.copytree(patch_sets["v1"], escaping)
     bad = escaping / "0002-wiring.patch"
     bad.write_text(bad.read_text().replace("python/sglang/version.py", "../../outside.py"))
-    import hashlib, yaml
+    import hashlib
+    import yaml
+
     manifest = yaml.safe_load((escaping / "manifest.yaml").read_text())
     manifest["patches"][1]["sha256"] = hashlib.sha256(bad.read_bytes()).hexdigest()
     (escaping / "manifest.yaml").write_text(yaml.safe_dump(manifest))

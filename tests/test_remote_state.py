@@ -1,43 +1,85 @@
-"""Host state record (refs/ddeploy/state) and the checkout lock, on a real sshd host."""
+"""The host's state record (refs/ddeploy/state) and the checkout lock: one implementation, the
+agent's, exercised on real sshd hosts through the CLI and on the checkouts directly."""
 
 from __future__ import annotations
 
 import json
+import os
+import socket
+import time
 
 import pytest
 
-from deployer.connection import open_connection
-from deployer.errors import LockError, StateError
-from deployer.inventory import Inventory
-from deployer.lock import acquire_lock, held_lock, read_lock, release_lock
-from deployer.state import STATE_REF, read_state, state_history, update_state
+from deployer.transport import agent
 
 pytestmark = pytest.mark.sshd
 
+STATE_REF = agent.STATE_REF
 
-def test_sections_are_recorded_as_a_commit_chain(hosts):
-    host = Inventory.load(hosts.inventory_dir).get("h1")
-    with open_connection(host) as conn:
-        assert read_state(conn, host)["applied"] is None
-        update_state(conn, host, "builds", {"sm_120": {"ok": True}}, message="build sm_120")
-        update_state(conn, host, "tests", {"ok": False, "passed": 1}, message="test run")
-        state = read_state(conn, host)
-        assert state["builds"] == {"sm_120": {"ok": True}} and state["tests"]["passed"] == 1
-        assert [e["message"] for e in state_history(conn, host)] == ["test run", "build sm_120"]
-        with pytest.raises(StateError, match="belongs to the deploy engine"):
-            update_state(conn, host, "applied", {}, message="x")
+
+def test_sections_are_recorded_as_a_commit_chain_beside_the_engines_own(hosts, ddeploy, patch_sets):
     h1 = hosts.hosts[0]
-    assert json.loads(h1.git("cat-file", "blob", f"{STATE_REF}:state.json"))["tests"]["ok"] is False
+    assert ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"])).code == 0
+    repo = agent.Repo(str(h1.checkout))
+    agent.update_section(repo, "builds", lambda old: {"sm_120": {"ok": True}}, "build sm_120")
+    agent.update_section(repo, "tests", lambda old: {"ok": False, "passed": 1}, "test run")
+    state = json.loads(h1.git("cat-file", "blob", f"{STATE_REF}:state.json"))
+    assert state["builds"] == {"sm_120": {"ok": True}} and state["tests"]["passed"] == 1
+    assert state["applied"]["version"] == "0.1.0"  # the engine's sections are kept
+    log = ddeploy("log", "--host", "h1", "--json")
+    messages = [e["message"] for e in json.loads(log.stdout)[0]["data"]["entries"]]
+    assert messages[:2] == ["test run", "build sm_120"] and messages[2].startswith("push ddtree 0.1.0")
     assert h1.git("rev-parse", f"{STATE_REF}~1^{{tree}}") != h1.git("rev-parse", f"{STATE_REF}^{{tree}}")
     assert h1.git("status", "--porcelain") == ""  # the work tree is untouched
 
 
-def test_lock_is_exclusive_and_names_its_holder(hosts):
-    host = Inventory.load(hosts.inventory_dir).get("h2")
-    with open_connection(host) as conn:
-        with held_lock(conn, host, "build sm_103"):
-            assert read_lock(conn, host)["command"] == "build sm_103"
-            with pytest.raises(LockError, match=r"\[h2\] checkout .* is locked by .*running `build sm_103`"):
-                acquire_lock(conn, host, "push")
-        assert read_lock(conn, host) is None
-        assert release_lock(conn, host) is False
+def _hold_lock(h, pid: int, command: str) -> None:
+    lock = h.checkout / ".git" / "ddeploy" / "lock"
+    lock.mkdir(parents=True)
+    (lock / "owner.json").write_text(
+        json.dumps(
+            {
+                "by": "alice@laptop",
+                "host": socket.gethostname(),
+                "pid": pid,
+                "time": time.time() - 5,
+                "command": command,
+            }
+        )
+    )
+
+
+@pytest.mark.parametrize("args", [("push",), ("rollback",)])
+def test_a_live_lock_refuses_and_names_its_holder(hosts, ddeploy, patch_sets, args):
+    h2 = hosts.hosts[1]
+    _hold_lock(h2, os.getpid(), "ddeploy build --host h2")
+    extra = ("--version", str(patch_sets["v1"])) if args == ("push",) else ()
+    r = ddeploy(*args, "--host", "h2", *extra)
+    assert r.code == 7, r.stderr
+    assert "is locked by alice@laptop" in r.stderr and "running `ddeploy build --host h2`" in r.stderr
+    assert h2.git("rev-parse", "HEAD") == hosts.base_commit
+
+
+def test_a_lock_left_by_a_killed_command_is_broken_by_the_next_one(hosts, ddeploy, patch_sets):
+    h3 = hosts.hosts[2]
+    _hold_lock(h3, 999_999_999, "ddeploy build --host h3")  # that pid cannot exist
+    status = ddeploy("lock", "status", "--host", "h3", "--json")
+    assert json.loads(status.stdout)[0]["data"]["lock"]["alive"] is False and "(stale" in status.stderr
+    r = ddeploy("push", "--host", "h3", "--version", str(patch_sets["v1"]))
+    assert r.code == 0 and "broke the stale lock of dead pid 999999999" in r.stderr
+    assert not (h3.checkout / ".git" / "ddeploy" / "lock").exists()
+
+
+def test_the_lock_records_the_real_command_line(hosts, ddeploy, patch_sets):
+    """In-process callers (these tests) record their own argv, not the test runner's."""
+    h1 = hosts.hosts[0]
+    repo = agent.Repo(str(h1.checkout))
+    req = {"by": "t@x", "command": "ddeploy push --host h1 --version 0.1.0"}
+    agent.acquire(repo, req)
+    try:
+        assert agent.read_lock(repo)["command"] == req["command"]
+        with pytest.raises(agent.Fail, match="running `ddeploy push --host h1 --version 0.1.0`"):
+            agent.acquire(repo, req)
+    finally:
+        agent.release(repo)
+    assert agent.read_lock(repo) is None

@@ -28,7 +28,7 @@ def state_of(host) -> dict:
 
 
 def junit_totals(path) -> dict:
-    suite = ET.parse(path).getroot().find("testsuite")
+    suite = ET.parse(path).getroot().find("testsuite")  # noqa: S314 - our own pytest's report
     return {k: int(suite.get(k)) for k in ("tests", "failures", "errors", "skipped")}
 
 
@@ -40,8 +40,20 @@ def fleet(cli, python_hosts, kernel_sets):
 
 
 def test_remote_tests_pass_on_two_hosts_and_bring_back_both_reports(cli, fleet, tmp_path):
-    r = cli("test", "--remote", "--host", "k1", "--host", "k2", "-k", SELECT, "--report-dir", str(tmp_path),
-                "--json", inventory=fleet.inventory_dir)
+    r = cli(
+        "test",
+        "--remote",
+        "--host",
+        "k1",
+        "--host",
+        "k2",
+        "-k",
+        SELECT,
+        "--report-dir",
+        str(tmp_path),
+        "--json",
+        inventory=fleet.inventory_dir,
+    )
     assert r.code == 0, r.stderr
     for host in fleet.hosts:
         [report] = (tmp_path / host.name).glob("*.xml")
@@ -59,8 +71,20 @@ def test_remote_tests_pass_on_two_hosts_and_bring_back_both_reports(cli, fleet, 
 
 def test_a_broken_overlay_test_fails_only_its_host(cli, fleet, kernel_sets, tmp_path):
     push(cli, fleet, kernel_sets["broken_test"], "k2")
-    r = cli("test", "--remote", "--host", "k1", "--host", "k2", "-k", SELECT, "--report-dir", str(tmp_path),
-                "--json", inventory=fleet.inventory_dir)
+    r = cli(
+        "test",
+        "--remote",
+        "--host",
+        "k1",
+        "--host",
+        "k2",
+        "-k",
+        SELECT,
+        "--report-dir",
+        str(tmp_path),
+        "--json",
+        inventory=fleet.inventory_dir,
+    )
     assert r.code == 10, r.stderr
     results = {res["host"]: res for res in json.loads(r.stdout)}
     assert results["k1"]["ok"] and not results["k2"]["ok"]
@@ -76,14 +100,13 @@ def test_a_broken_overlay_test_fails_only_its_host(cli, fleet, kernel_sets, tmp_
 
 def test_refuses_a_host_where_another_set_is_applied_than_requested(cli, fleet, kernel_sets):
     push(cli, fleet, kernel_sets["broken_test"], "k2")
-    r = cli("test", "--remote", "--host", "k2", "--version", str(kernel_sets["good"]),
-                inventory=fleet.inventory_dir)
+    r = cli("test", "--remote", "--host", "k2", "--version", str(kernel_sets["good"]), inventory=fleet.inventory_dir)
     assert r.code == 7, r.stderr
     assert "ddtree 0.1.2 is applied, not the requested ddtree 0.1.0; push 0.1.0 first" in r.stderr
 
 
 def test_refuses_a_host_without_a_patch_set(cli, python_hosts, tmp_path):
-    from deployer.base import clone_base
+    from deployer.patchset.sglang_base import clone_base
 
     clone_base(tmp_path / "pristine")
     inv = variant_inventory(python_hosts, tmp_path / "inv", "k1", checkout=str(tmp_path / "pristine"))
@@ -93,8 +116,13 @@ def test_refuses_a_host_without_a_patch_set(cli, python_hosts, tmp_path):
 
 
 def test_without_remote_the_suite_runs_locally_against_the_overlay(cli, tmp_path):
-    r = cli("test", "-k", "test_mask_offsets_follow_full_mask_layout or test_core_builds_the_design_test_vector",
-                "--report-dir", str(tmp_path))
+    r = cli(
+        "test",
+        "-k",
+        "test_mask_offsets_follow_full_mask_layout or test_core_builds_the_design_test_vector",
+        "--report-dir",
+        str(tmp_path),
+    )
     assert r.code == 0, r.stderr
     [report] = (tmp_path / "local").glob("*.xml")
     assert junit_totals(report)["tests"] == 2 and junit_totals(report)["failures"] == 0

@@ -17,9 +17,9 @@ import yaml
 
 from deployer.errors import RenderError, UsageError
 from deployer.inventory import Inventory
-from deployer.paths import HOSTS_DIR, TEMPLATES_DIR
+from deployer.locations import HOSTS_DIR, TEMPLATES_DIR
 from deployer.render import load_profiles, render_plan
-from deployer.render.golden import GOLDEN_DIR, SETS, golden_files
+from golden_files import GOLDEN_DIR, SETS, golden_files
 
 from conftest import run_cli
 
@@ -40,20 +40,27 @@ def _error(host: str, topology: str, *sets: str) -> str:
 
 def _argv(script: str) -> list[str]:
     """The words after `exec`, as bash would split them (continuations joined)."""
-    body = script[script.index("\nexec ") + 6:].replace("\\\n", " ")
+    body = script[script.index("\nexec ") + 6 :].replace("\\\n", " ")
     return shlex.split(body)
 
 
 # --- golden files ---------------------------------------------------------------------------
 
+
 def test_every_shipped_pair_renders_byte_identical_to_its_golden_file():
     expected = golden_files()
     on_disk = {f"{sub}/{p.name}": p.read_text() for sub, _, _ in SETS for p in (GOLDEN_DIR / sub).iterdir()}
-    assert sorted(on_disk) == sorted(expected), "stale or missing golden files: run python -m deployer.render --update-golden"
+    assert sorted(on_disk) == sorted(expected), (
+        "stale or missing golden files: run python tests/golden_files.py --update-golden"
+    )
     for rel, text in expected.items():
         assert on_disk[rel] == text, f"{rel} differs from the template output (review, then --update-golden)"
-    assert {"shipped/rtx6000-tp8.sh", "shipped/b300-ep8.sh", "shipped/b300-ep4-r1.sh",
-            "multinode/b300-b-ep16-2node.sh"} <= set(expected)
+    assert {
+        "shipped/rtx6000-tp8.sh",
+        "shipped/b300-ep8.sh",
+        "shipped/b300-ep4-r1.sh",
+        "multinode/b300-b-ep16-2node.sh",
+    } <= set(expected)
 
 
 def test_golden_scripts_are_executable_and_skipped_pairs_say_why():
@@ -71,35 +78,42 @@ def test_every_rendered_file_passes_bash_n_and_shellcheck():
         subprocess.run(["bash", "-n", str(path)], check=True)
     if not shutil.which("shellcheck"):
         pytest.skip("shellcheck not installed (scripts/test.sh installs it)")
-    proc = subprocess.run(["shellcheck", "--shell=bash", "--severity=style", *map(str, files)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["shellcheck", "--shell=bash", "--severity=style", *map(str, files)], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout
 
 
 @pytest.fixture(scope="session")
 def sglang_parse(tmp_path_factory):
     """Parse argv lists with SGLang 0.5.23's own server-args parser (in a subprocess, ~10 s)."""
-    from deployer.base import ensure_base
+    from deployer.patchset.sglang_base import ensure_base
 
     base = ensure_base().path / "python"
-    code = ("import argparse, json, sys\n"
-            "from sglang.srt.server_args import ServerArgs\n"
-            "p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)\n"
-            "ServerArgs.add_cli_args(p)\n"
-            "out = []\n"
-            "for argv in json.load(sys.stdin):\n"
-            "    try:\n"
-            "        ns, rest = p.parse_known_args(argv); out.append({'rest': rest, 'args': {k: v for k, v in vars(ns).items() if isinstance(v, (int, float, str, bool))}})\n"
-            "    except (argparse.ArgumentError, SystemExit) as e:\n"
-            "        out.append({'error': str(e)})\n"
-            "print(json.dumps(out))\n")
+    code = (
+        "import argparse, json, sys\n"
+        "from sglang.srt.server_args import ServerArgs\n"
+        "p = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)\n"
+        "ServerArgs.add_cli_args(p)\n"
+        "out = []\n"
+        "for argv in json.load(sys.stdin):\n"
+        "    try:\n"
+        "        ns, rest = p.parse_known_args(argv)\n"
+        "        args = {k: v for k, v in vars(ns).items() if isinstance(v, (int, float, str, bool))}\n"
+        "        out.append({'rest': rest, 'args': args})\n"
+        "    except (argparse.ArgumentError, SystemExit) as e:\n"
+        "        out.append({'error': str(e)})\n"
+        "print(json.dumps(out))\n"
+    )
 
     def parse(argvs: list[list[str]]) -> list[dict]:
         env = {**os.environ, "PYTHONPATH": str(base)}
-        proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(argvs), env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], input=json.dumps(argvs), env=env, capture_output=True, text=True, timeout=300
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
+
     return parse
 
 
@@ -112,7 +126,7 @@ def test_every_flag_is_a_real_sglang_0_5_23_flag_except_the_two_overlay_flags(sg
         assert argv[1:3] == ["-m", "sglang.launch_server"] and argv[-1] == "$@", name
         argvs.append(argv[3:-1])
     results = sglang_parse(argvs)
-    for (name, _), argv, res in zip(scripts.items(), argvs, results):
+    for (name, _), res in zip(scripts.items(), results, strict=True):
         assert "error" not in res, f"{name}: {res}"
         unknown = [w for w in res["rest"] if w.startswith("--")]
         assert set(unknown) == OVERLAY_FLAGS, f"{name}: flags SGLang 0.5.23 does not know: {unknown}"
@@ -123,7 +137,7 @@ def test_every_flag_is_a_real_sglang_0_5_23_flag_except_the_two_overlay_flags(sg
 
 
 def test_the_wiring_patch_defines_the_overlay_flags_the_template_uses():
-    wiring = (Path(__file__).resolve().parent.parent / "overlays/ddtree/hunks/wiring.patch")
+    wiring = Path(__file__).resolve().parent.parent / "overlays/ddtree/hunks/wiring.patch"
     if not wiring.exists():
         pytest.skip("overlay wiring hunk not present")
     text = wiring.read_text()
@@ -133,14 +147,19 @@ def test_the_wiring_patch_defines_the_overlay_flags_the_template_uses():
 
 # --- validation -----------------------------------------------------------------------------
 
+
 def test_gpu_counts_that_do_not_divide_are_refused_naming_the_value():
-    assert "[b300] tp_size 3 / nnodes 1 = 3 GPUs per node does not divide gpu.count 8" in _error("b300", "tp8", "tp_size=3")
-    assert "[b300] tp_size 16 / nnodes 1 x replicas 1 needs 16 GPUs per node, but gpu.count is 8" in \
-        _error("b300", "tp8", "tp_size=16")
+    assert "[b300] tp_size 3 / nnodes 1 = 3 GPUs per node does not divide gpu.count 8" in _error(
+        "b300", "tp8", "tp_size=3"
+    )
+    assert "[b300] tp_size 16 / nnodes 1 x replicas 1 needs 16 GPUs per node, but gpu.count is 8" in _error(
+        "b300", "tp8", "tp_size=16"
+    )
     assert "attn_dp_size 3 does not divide tp_size 8" in _error("b300", "ep8", "attn_dp_size=3")
     assert "ep_size 4 must be 1 or equal tp_size 8" in _error("b300", "tp8", "ep_size=4")
     assert "tp_size 16 does not divide over nnodes 3" in str(
-        pytest.raises(RenderError, render_plan, [PAIRS.get("b300-a")] * 3, "tp16-2node", ["nnodes=3"]).value)
+        pytest.raises(RenderError, render_plan, [PAIRS.get("b300-a")] * 3, "tp16-2node", ["nnodes=3"]).value
+    )
     assert "replicas 3" in _error("b300", "ep4", "replicas=3")
 
 
@@ -156,7 +175,9 @@ def test_an_attention_backend_that_cannot_apply_the_tree_mask_is_refused():
     msg = _error("b300", "tp8", "attention_backend=flashinfer")
     assert "attention_backend 'flashinfer' cannot apply the DDTree tree mask on sm_103" in msg
     assert _render("b300", "tp8", "attention_backend=flashinfer", "tree_budget=0")  # linear DFlash is fine
-    assert "attention_backend 'trtllm_mla' cannot run on sm_120" in _error("rtx6000", "tp8", "attention_backend=trtllm_mla")
+    assert "attention_backend 'trtllm_mla' cannot run on sm_120" in _error(
+        "rtx6000", "tp8", "attention_backend=trtllm_mla"
+    )
     assert "moe_a2a_backend 'deepep' cannot run here" in _error("rtx6000", "ep8")
     assert "draft_attention_backend 'flashmla'" in _error("b300", "tp8", "draft_attention_backend=flashmla")
     assert "needs enable_dp_lm_head=true" in _error("b300", "ep8", "enable_dp_lm_head=false")
@@ -176,6 +197,7 @@ def test_unknown_and_malformed_set_keys_are_refused():
 
 
 # --- multi-node -----------------------------------------------------------------------------
+
 
 def test_multi_node_renders_one_script_per_node_with_ranks_and_rank0_init_address():
     units = render_plan([PAIRS.get("b300-a"), PAIRS.get("b300-b")], "ep16-2node")
@@ -207,6 +229,7 @@ def test_ep4_renders_two_replicas_on_disjoint_gpus_and_ports():
 
 # --- precedence and --explain ---------------------------------------------------------------
 
+
 @pytest.fixture
 def vars_inventory(tmp_path):
     doc = yaml.safe_load((HOSTS_DIR / "rtx6000.yaml").read_text())
@@ -235,12 +258,16 @@ def test_unknown_host_var_is_refused_naming_the_file(tmp_path):
     doc = yaml.safe_load((HOSTS_DIR / "b300.yaml").read_text())
     doc["vars"] = {"tp_sise": 4}
     (tmp_path / "b300.yaml").write_text(yaml.safe_dump(doc))
-    with pytest.raises(RenderError, match=r"host b300 vars \(.*b300.yaml\): unknown key 'tp_sise' \(did you mean: tp_size"):
+    with pytest.raises(
+        RenderError, match=r"host b300 vars \(.*b300.yaml\): unknown key 'tp_sise' \(did you mean: tp_size"
+    ):
         render_plan([Inventory.load(tmp_path).get("b300")], "tp8")
 
 
 def test_explain_cli_prints_each_value_with_its_source(vars_inventory):
-    r = run_cli("render", "--host", "rtx6000", "-t", "tp8", "--set", "port=31000", "--explain", inventory=vars_inventory)
+    r = run_cli(
+        "render", "--host", "rtx6000", "-t", "tp8", "--set", "port=31000", "--explain", inventory=vars_inventory
+    )
     assert r.code == 0, r.stderr
     rows = {tuple(line.split()[:2]): line for line in r.stdout.splitlines()[2:]}
     assert rows[("rtx6000-tp8", "port")].endswith("--set")
@@ -251,10 +278,13 @@ def test_explain_cli_prints_each_value_with_its_source(vars_inventory):
 
 # --- templates ------------------------------------------------------------------------------
 
+
 def test_strict_undefined_names_the_missing_value(tmp_path):
     shutil.copytree(TEMPLATES_DIR, tmp_path / "templates")
     tpl = tmp_path / "templates" / "launch.sh.j2"
-    tpl.write_text(tpl.read_text().replace("  \"$@\"\n", "  --context-length {{ context_length | shquote }} \\\n  \"$@\"\n"))
+    tpl.write_text(
+        tpl.read_text().replace('  "$@"\n', '  --context-length {{ context_length | shquote }} \\\n  "$@"\n')
+    )
     profiles = load_profiles(tmp_path / "templates")
     with pytest.raises(RenderError, match=r"templates/launch.sh.j2: value 'context_length' is undefined"):
         render_plan([SHIPPED.get("b300")], "tp8", profiles=profiles)
@@ -269,10 +299,20 @@ def test_values_are_shell_quoted_in_the_script(tmp_path):
 
 # --- CLI ------------------------------------------------------------------------------------
 
+
 def test_render_cli_writes_script_0755_and_env_and_a_stand_in_runs_with_them(tmp_path):
     code = "import json, os, sys; print(json.dumps([os.environ['CUDA_VISIBLE_DEVICES'], sys.argv[1:]]))"
-    r = run_cli("render", "--host", "b300", "-t", "ep4", "-o", str(tmp_path),
-                "--set", f"server_command={shlex.join([sys.executable, '-c', code])}")
+    r = run_cli(
+        "render",
+        "--host",
+        "b300",
+        "-t",
+        "ep4",
+        "-o",
+        str(tmp_path),
+        "--set",
+        f"server_command={shlex.join([sys.executable, '-c', code])}",
+    )
     assert r.code == 0, r.stderr
     script = tmp_path / "b300-ep4-r1.sh"
     assert stat.S_IMODE(script.stat().st_mode) == 0o755 and (tmp_path / "b300-ep4-r1.env").is_file()
@@ -292,7 +332,8 @@ def test_render_all_writes_every_valid_pair_and_reports_skipped(tmp_path):
     r = run_cli("render", "--all", "-o", str(tmp_path))
     assert r.code == 0, r.stderr
     assert sorted(p.name for p in tmp_path.glob("*.sh")) == sorted(
-        rel.split("/")[1] for rel in golden_files() if rel.startswith("shipped/") and rel.endswith(".sh"))
+        rel.split("/")[1] for rel in golden_files() if rel.startswith("shipped/") and rel.endswith(".sh")
+    )
     assert "skipped rtx6000 ep4: [rtx6000] topology ep4 does not fit" in r.stderr
 
 

@@ -8,18 +8,18 @@ $DDEPLOY_OVERLAY_DIR (default: the project's overlays/ddtree).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from ..base import fetch_base
 from ..errors import ConflictError, OverlayTestsFailed, PatchSetError
-from ..export import export_patch_set
-from ..output import emit_json, say, table
-from ..paths import active_overlay_dir
-from ..patchset import PatchSet, list_versions, load_patch_set, sets_root
-from ..setdiff import UNCHANGED, diff_sets
-from ..verify import VerifyReport, verify_patch_set
-from . import cli
+from ..locations import active_overlay_dir
+from .app import cli
+from .output import emit_json, say, table
+
+if TYPE_CHECKING:  # the patch-set modules load when a command runs, not for --help
+    from ..patchset.release import PatchSet
+    from ..patchset.verify import VerifyReport
 
 
 def _overlay(path: str | None) -> Path:
@@ -27,10 +27,17 @@ def _overlay(path: str | None) -> Path:
 
 
 def _set_json(ps: PatchSet) -> dict:
-    return {"name": ps.name, "version": ps.version, "created": ps.created, "path": str(ps.path),
-            "base": {"sglang": ps.base_version, "tree": ps.base_tree}, "fingerprint": ps.fingerprint(),
-            "patches": [{"name": p.name, "concern": p.concern, "sha256": p.sha256, "files": list(p.files)}
-                        for p in ps.patches]}
+    return {
+        "name": ps.name,
+        "version": ps.version,
+        "created": ps.created,
+        "path": str(ps.path),
+        "base": {"sglang": ps.base_version, "tree": ps.base_tree},
+        "fingerprint": ps.fingerprint(),
+        "patches": [
+            {"name": p.name, "concern": p.concern, "sha256": p.sha256, "files": list(p.files)} for p in ps.patches
+        ],
+    }
 
 
 @cli.group()
@@ -42,6 +49,8 @@ def base() -> None:
 @click.option("--rebuild", is_flag=True, help="Build it again from the wheel even if cached.")
 def base_fetch(rebuild: bool) -> None:
     """Build (once) and verify the pristine SGLang base in the cache."""
+    from ..patchset.sglang_base import fetch_base
+
     b = fetch_base(rebuild=rebuild)
     say(f"SGLang {b.version} base at {b.path} (commit {b.commit[:12]}, tree {b.tree}) verified")
 
@@ -57,6 +66,9 @@ def patches() -> None:
 @click.option("--overlay", type=click.Path(file_okay=False, exists=True), help="Overlay directory.")
 def patches_export(version: str | None, date: str | None, overlay: str | None) -> None:
     """Release the overlay as a new, immutable patch set."""
+    from ..patchset.export import export_patch_set
+    from ..patchset.release import sets_root
+
     result = export_patch_set(_overlay(overlay), sets_root(), version=version, date=date)
     for p in result.patches:
         say(f"{p.name}: {p.concern}, {len(p.files)} file(s)")
@@ -70,8 +82,11 @@ def _print_verify(report: VerifyReport) -> None:
     for r in report.results:
         say(r.line())
     if report.reversed_ok is not None:
-        say("git apply -R --check: every patch applied; reversed to the base tree exactly" if report.reversed_ok
-            else f"git apply -R --check: FAILED: {report.reverse_detail}")
+        say(
+            "git apply -R --check: every patch applied; reversed to the base tree exactly"
+            if report.reversed_ok
+            else f"git apply -R --check: FAILED: {report.reverse_detail}"
+        )
     if report.tests is not None:
         if not report.tests.passed:
             click.echo(report.tests.output[-4000:], err=True)
@@ -83,8 +98,10 @@ def _print_verify(report: VerifyReport) -> None:
 def _raise_verify_failure(report: VerifyReport) -> None:
     if report.conflict is not None:
         c = report.conflict
-        raise ConflictError(f"patch {c.name} of {report.ident} does not apply strictly ({', '.join(c.files)}); "
-                            f"nothing was changed; refresh the overlay against the base and export a new version")
+        raise ConflictError(
+            f"patch {c.name} of {report.ident} does not apply strictly ({', '.join(c.files)}); "
+            f"nothing was changed; refresh the overlay against the base and export a new version"
+        )
     if not report.reversed_ok:
         raise PatchSetError(f"{report.ident}: {report.reverse_detail}")
     if report.tests is not None and not report.tests.passed:
@@ -94,25 +111,40 @@ def _raise_verify_failure(report: VerifyReport) -> None:
 @patches.command("verify")
 @click.argument("version", required=False)
 @click.option("--no-tests", is_flag=True, help="Skip the overlay's tests in the patched tree.")
-@click.option("--against", type=click.Path(file_okay=False, exists=True),
-              help="A git checkout to apply to instead of the pristine base (cloned, never changed).")
+@click.option(
+    "--against",
+    type=click.Path(file_okay=False, exists=True),
+    help="A git checkout to apply to instead of the pristine base (cloned, never changed).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def patches_verify(version: str | None, no_tests: bool, against: str | None, as_json: bool) -> None:
     """Check checksums, apply strictly to a fresh base clone, confirm, run the overlay tests."""
+    from ..patchset.release import load_patch_set
+    from ..patchset.verify import verify_patch_set
+
     ps = load_patch_set(version)
     report = verify_patch_set(ps, against=Path(against) if against else None, run_tests=not no_tests)
     _print_verify(report)
     if as_json:
-        emit_json({"set": report.ident, "ok": report.ok, "patches": [r.__dict__ for r in report.results],
-                   "reversed_ok": report.reversed_ok,
-                   "tests": None if report.tests is None else {"returncode": report.tests.returncode,
-                                                               "summary": report.tests.summary}})
+        emit_json(
+            {
+                "set": report.ident,
+                "ok": report.ok,
+                "patches": [r.__dict__ for r in report.results],
+                "reversed_ok": report.reversed_ok,
+                "tests": None
+                if report.tests is None
+                else {"returncode": report.tests.returncode, "summary": report.tests.summary},
+            }
+        )
     _raise_verify_failure(report)
     say(f"{report.ident}: OK")
 
 
 def _load_all() -> tuple[list[PatchSet], dict[str, str]]:
     """Every released set; a broken one is reported by version instead of hiding the others."""
+    from ..patchset.release import list_versions, load_patch_set, sets_root
+
     sets, broken = [], {}
     for v in list_versions(root=sets_root()):
         try:
@@ -126,18 +158,23 @@ def _load_all() -> tuple[list[PatchSet], dict[str, str]]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 def patches_list(as_json: bool) -> None:
     """Released versions with their dates, base and patch count."""
+    from ..patchset.release import sets_root
+
     sets, broken = _load_all()
     if as_json:
         emit_json([_set_json(ps) for ps in sets] + [{"version": v, "error": e} for v, e in broken.items()])
     elif sets or broken:
-        rows = [[ps.version, ps.created, f"sglang {ps.base_version}", ps.base_tree[:12], str(len(ps.patches))]
-                for ps in sets] + [[v, "INVALID", "-", "-", "-"] for v in broken]
+        rows = [
+            [ps.version, ps.created, f"sglang {ps.base_version}", ps.base_tree[:12], str(len(ps.patches))]
+            for ps in sets
+        ] + [[v, "INVALID", "-", "-", "-"] for v in broken]
         say(table(rows, ["version", "created", "base", "base tree", "patches"]))
     else:
         say(f"no released patch sets under {sets_root()}")
     if broken:
-        raise PatchSetError(f"{len(broken)} released set(s) failed verification: " +
-                            "; ".join(f"{v}: {e}" for v, e in broken.items()))
+        raise PatchSetError(
+            f"{len(broken)} released set(s) failed verification: " + "; ".join(f"{v}: {e}" for v, e in broken.items())
+        )
 
 
 @patches.command("show")
@@ -145,6 +182,8 @@ def patches_list(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 def patches_show(version: str, as_json: bool) -> None:
     """The patches of one set: concern, files and sha256."""
+    from ..patchset.release import load_patch_set
+
     ps = load_patch_set(version)
     if as_json:
         emit_json(_set_json(ps))
@@ -162,6 +201,9 @@ def patches_show(version: str, as_json: bool) -> None:
 @click.option("--stat", is_flag=True, help="Only the per-patch summary, no patch text.")
 def patches_diff(old: str, new: str, stat: bool) -> None:
     """What changed between two released sets, per patch."""
+    from ..patchset.compare import UNCHANGED, diff_sets
+    from ..patchset.release import load_patch_set
+
     a, b = load_patch_set(old), load_patch_set(new)
     for change in diff_sets(a, b):
         say(change.summary())

@@ -15,12 +15,22 @@ from typing import Any
 from ..errors import RenderError
 from ..inventory import Host, Inventory
 from . import validate
-from .engine import ENV_TEMPLATE, SCRIPT_TEMPLATE, environment, render_template
+from .jinja import ENV_TEMPLATE, SCRIPT_TEMPLATE, environment, render_template
 from .profiles import HardwareProfile, Profiles, Topology, load_profiles
 from .values import Value, host_facts, parse_sets, plain, resolve
 
-__all__ = ["RenderedUnit", "render_plan", "render_hosts", "render_all", "write_units", "explain_rows", "load_profiles",
-           "parse_sets", "Value", "launch_dir_for"]
+__all__ = [
+    "RenderedUnit",
+    "render_plan",
+    "render_hosts",
+    "render_all",
+    "write_units",
+    "explain_rows",
+    "load_profiles",
+    "parse_sets",
+    "Value",
+    "launch_dir_for",
+]
 
 
 @dataclass(frozen=True)
@@ -54,15 +64,25 @@ def _layout(host: Host, topo: str, v: dict[str, Any], node_rank: int, replica: i
     per_node = v["tp_size"] // v["nnodes"]
     name = _unit_name(host, topo, replica, v["replicas"])
     computed = {
-        "topology": topo, "node_rank": node_rank, "replica": replica, "unit_port": v["port"] + replica,
+        "topology": topo,
+        "node_rank": node_rank,
+        "replica": replica,
+        "unit_port": v["port"] + replica,
         "cuda_visible_devices": ",".join(str(i) for i in range(replica * per_node, (replica + 1) * per_node)),
-        "dist_init_addr": init_addr, "script_file": f"{name}.sh", "env_file": f"{name}.env",
+        "dist_init_addr": init_addr,
+        "script_file": f"{name}.sh",
+        "env_file": f"{name}.env",
     }
     return {k: Value(k, val, "layout (computed)") for k, val in computed.items()}
 
 
-def _resolve_hosts(profiles: Profiles, hosts: list[Host], topology: str, sets: list[str] | tuple[str, ...],
-                   probed: dict[str, tuple[dict[str, Any], str]]):
+def _resolve_hosts(
+    profiles: Profiles,
+    hosts: list[Host],
+    topology: str,
+    sets: list[str] | tuple[str, ...],
+    probed: dict[str, tuple[dict[str, Any], str]],
+):
     topo = profiles.topology(topology)
     pairs = parse_sets(sets)
     per_host = []
@@ -73,9 +93,13 @@ def _resolve_hosts(profiles: Profiles, hosts: list[Host], topology: str, sets: l
     return topo, per_host
 
 
-def render_plan(hosts: list[Host], topology: str, sets: list[str] | tuple[str, ...] = (),
-                profiles: Profiles | None = None,
-                probed: dict[str, tuple[dict[str, Any], str]] | None = None) -> list[RenderedUnit]:
+def render_plan(
+    hosts: list[Host],
+    topology: str,
+    sets: list[str] | tuple[str, ...] = (),
+    profiles: Profiles | None = None,
+    probed: dict[str, tuple[dict[str, Any], str]] | None = None,
+) -> list[RenderedUnit]:
     """Validate, then render every unit of `topology` over `hosts` (node rank = position in the list).
     `probed`: per host name, (values, source) read from the host (launch passes its build record)."""
     profiles = profiles or load_profiles()
@@ -90,12 +114,13 @@ def _validate(topo: Topology, per_host: list[tuple[Host, HardwareProfile, dict[s
     flat = [(host, plain(values)) for host, _, values in per_host]
     validate.check_hosts(topo, [h for h, _ in flat], flat[0][1]["nnodes"])
     validate.check_same_across_nodes(flat)
-    for (host, hw, _), (_, v) in zip(per_host, flat):
+    for (host, hw, _), (_, v) in zip(per_host, flat, strict=True):
         validate.check_host(host, topo, hw, v)
 
 
-def _render_units(profiles: Profiles, topo: Topology,
-                  per_host: list[tuple[Host, HardwareProfile, dict[str, Value]]]) -> list[RenderedUnit]:
+def _render_units(
+    profiles: Profiles, topo: Topology, per_host: list[tuple[Host, HardwareProfile, dict[str, Value]]]
+) -> list[RenderedUnit]:
     """One unit per (node, replica); every node points at rank 0's init address."""
     rank0 = plain(per_host[0][2])
     init_addr = f"{rank0['node_addr']}:{rank0['dist_init_port']}"
@@ -106,15 +131,28 @@ def _render_units(profiles: Profiles, topo: Topology,
         for replica in range(v["replicas"]):
             all_values = {**values, **_layout(host, topo.name, v, rank, replica, init_addr)}
             ctx = plain(all_values)
-            units.append(RenderedUnit(host.name, topo.name, rank, replica, ctx["script_file"][:-3],
-                                      render_template(env, SCRIPT_TEMPLATE, ctx), render_template(env, ENV_TEMPLATE, ctx),
-                                      tuple(all_values[k] for k in sorted(all_values))))
+            units.append(
+                RenderedUnit(
+                    host.name,
+                    topo.name,
+                    rank,
+                    replica,
+                    ctx["script_file"][:-3],
+                    render_template(env, SCRIPT_TEMPLATE, ctx),
+                    render_template(env, ENV_TEMPLATE, ctx),
+                    tuple(all_values[k] for k in sorted(all_values)),
+                )
+            )
     return units
 
 
-def render_hosts(hosts: list[Host], topology: str, sets: list[str] | tuple[str, ...] = (),
-                 profiles: Profiles | None = None,
-                 probed: dict[str, tuple[dict[str, Any], str]] | None = None) -> list[RenderedUnit]:
+def render_hosts(
+    hosts: list[Host],
+    topology: str,
+    sets: list[str] | tuple[str, ...] = (),
+    profiles: Profiles | None = None,
+    probed: dict[str, tuple[dict[str, Any], str]] | None = None,
+) -> list[RenderedUnit]:
     """Like render_plan, but a single-node topology over several hosts renders each host on its own."""
     profiles = profiles or load_profiles()
     topo = profiles.topology(topology)
@@ -143,8 +181,12 @@ def _show(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def render_all(inventory: Inventory, sets: list[str] | tuple[str, ...] = (), profiles: Profiles | None = None,
-               multi_node_only: bool = False):
+def render_all(
+    inventory: Inventory,
+    sets: list[str] | tuple[str, ...] = (),
+    profiles: Profiles | None = None,
+    multi_node_only: bool = False,
+):
     """Every valid (host or group, topology) pair: (units, [(label, reason) skipped])."""
     profiles = profiles or load_profiles()
     hosts = [h for h in inventory.hosts.values() if not h.is_local]
@@ -168,8 +210,11 @@ def render_all(inventory: Inventory, sets: list[str] | tuple[str, ...] = (), pro
 
 def _groups_of(inventory: Inventory, hosts: list[Host], size: int) -> list[list[Host]]:
     names = {h.name for h in hosts}
-    return [[inventory.get(n) for n in members] for _, members in sorted(inventory.groups.items())
-            if len(members) == size and set(members) <= names]
+    return [
+        [inventory.get(n) for n in members]
+        for _, members in sorted(inventory.groups.items())
+        if len(members) == size and set(members) <= names
+    ]
 
 
 def write_units(units: list[RenderedUnit], out_dir: Path) -> list[Path]:
@@ -184,6 +229,7 @@ def write_units(units: list[RenderedUnit], out_dir: Path) -> list[Path]:
                 os.chmod(path, mode)
                 written.append(path)
     except OSError as exc:
-        raise RenderError(f"cannot write launch scripts to {out_dir}: {exc.strerror or exc}; choose a writable "
-                          f"-o directory") from None
+        raise RenderError(
+            f"cannot write launch scripts to {out_dir}: {exc.strerror or exc}; choose a writable -o directory"
+        ) from None
     return written

@@ -6,11 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from ..documents import DefaultsDoc, HardwareDoc, HardwareProfileDoc, TopologiesDoc, load_document
 from ..errors import RenderError
-from ..inventory import NAME_RE, Host
-from ..paths import TEMPLATES_DIR
+from ..inventory import Host
+from ..locations import TEMPLATES_DIR
 
 
 @dataclass(frozen=True)
@@ -51,44 +50,38 @@ class Profiles:
             if (profile.arch, profile.interconnect) == (host.gpu.arch, host.interconnect):
                 return profile
         known = ", ".join(f"{p.name} ({p.arch}/{p.interconnect})" for p in self.hardware.values())
-        raise RenderError(f"[{host.name}] no hardware profile for gpu.arch {host.gpu.arch} with interconnect "
-                          f"{host.interconnect} (known: {known}); add one to {self.directory / 'hardware.yaml'}")
+        raise RenderError(
+            f"[{host.name}] no hardware profile for gpu.arch {host.gpu.arch} with interconnect "
+            f"{host.interconnect} (known: {known}); add one to {self.directory / 'hardware.yaml'}"
+        )
 
 
-def _read_mapping(path: Path) -> dict[str, Any]:
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise RenderError(f"{path}: cannot read render profiles ({exc})") from None
-    if not isinstance(doc, dict):
-        raise RenderError(f"{path}: expected a mapping at the top level")
-    return doc
+def _document(path: Path, model):
+    return load_document(path, model, RenderError, "render profile")
 
 
-def _hardware(name: str, raw: dict[str, Any], path: Path) -> HardwareProfile:
-    try:
-        return HardwareProfile(
-            name=name, description=raw.get("description", ""), arch=raw["match"]["arch"],
-            interconnect=raw["match"]["interconnect"], tree_mask_backends=tuple(raw["tree_mask_backends"]),
-            unavailable_attention_backends=dict(raw.get("unavailable_attention_backends") or {}),
-            unavailable_a2a_backends=dict(raw.get("unavailable_a2a_backends") or {}),
-            values=dict(raw.get("values") or {}))
-    except (KeyError, TypeError) as exc:
-        raise RenderError(f"{path}: hardware profile '{name}' lacks {exc}") from None
+def _hardware(name: str, doc: HardwareProfileDoc) -> HardwareProfile:
+    return HardwareProfile(
+        name=name,
+        description=doc.description,
+        arch=doc.match.arch,
+        interconnect=doc.match.interconnect,
+        tree_mask_backends=tuple(doc.tree_mask_backends),
+        unavailable_attention_backends=dict(doc.unavailable_attention_backends),
+        unavailable_a2a_backends=dict(doc.unavailable_a2a_backends),
+        values=dict(doc.values),
+    )
 
 
 def load_profiles(directory: Path | None = None) -> Profiles:
-    """Read defaults.yaml, hardware.yaml and topologies.yaml from the templates directory."""
+    """Read defaults.yaml, hardware.yaml and topologies.yaml from the templates directory
+    (each validated by its model in deployer.documents)."""
     directory = Path(directory or TEMPLATES_DIR)
-    hardware = _read_mapping(directory / "hardware.yaml")
-    topologies = _read_mapping(directory / "topologies.yaml")
-    for name in topologies:  # names become file and directory names on hosts
-        if not NAME_RE.match(str(name)):
-            raise RenderError(f"{directory / 'topologies.yaml'}: topology name {name!r} must be letters, digits, "
-                              "'_', '.', '-'")
+    hardware = _document(directory / "hardware.yaml", HardwareDoc).root
+    topologies = _document(directory / "topologies.yaml", TopologiesDoc).root
     return Profiles(
         directory=directory,
-        defaults=_read_mapping(directory / "defaults.yaml"),
-        hardware={n: _hardware(n, raw, directory / "hardware.yaml") for n, raw in hardware.items()},
-        topologies={n: Topology(n, raw.get("description", ""), dict(raw.get("values") or {}))
-                    for n, raw in topologies.items()})
+        defaults=_document(directory / "defaults.yaml", DefaultsDoc).root,
+        hardware={n: _hardware(n, doc) for n, doc in hardware.items()},
+        topologies={n: Topology(n, doc.description, dict(doc.values)) for n, doc in topologies.items()},
+    )

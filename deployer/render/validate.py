@@ -10,21 +10,40 @@ from .profiles import HardwareProfile, Topology
 
 GIB = 1024**3 / 1e9  # GB per GiB
 # Must be the same on every node of a multi-node deployment.
-SHARED_KEYS = ("tp_size", "attn_dp_size", "ep_size", "nnodes", "replicas", "moe_a2a_backend", "deepep_mode",
-               "enable_dp_lm_head", "model_path", "draft_model_path", "dflash_block_size", "tree_budget",
-               "tree_topk", "dist_init_port", "attention_backend", "speculative_algorithm")
+SHARED_KEYS = (
+    "tp_size",
+    "attn_dp_size",
+    "ep_size",
+    "nnodes",
+    "replicas",
+    "moe_a2a_backend",
+    "deepep_mode",
+    "enable_dp_lm_head",
+    "model_path",
+    "draft_model_path",
+    "dflash_block_size",
+    "tree_budget",
+    "tree_topk",
+    "dist_init_port",
+    "attention_backend",
+    "speculative_algorithm",
+)
 DRAFT_ATTENTION_BACKENDS = ("flashinfer", "fa3", "fa4", "triton", "trtllm_mha")  # SGLang 0.5.23 choices.py
 
 
 def check_hosts(topology: Topology, hosts: list[Host], nnodes: int) -> None:
     names = ", ".join(h.name for h in hosts)
     if nnodes != len(hosts):
-        raise RenderError(f"topology {topology.name} has nnodes {nnodes} but {len(hosts)} host(s) were given "
-                          f"({names}); pass one --host per node or a --group of {nnodes} hosts")
+        raise RenderError(
+            f"topology {topology.name} has nnodes {nnodes} but {len(hosts)} host(s) were given "
+            f"({names}); pass one --host per node or a --group of {nnodes} hosts"
+        )
     kinds = {(h.gpu.arch, h.gpu.count, h.interconnect) for h in hosts}
     if len(kinds) > 1:
-        raise RenderError(f"hosts {names} differ in gpu.arch/gpu.count/interconnect ({sorted(kinds)}); "
-                          "a multi-node deployment needs identical hosts")
+        raise RenderError(
+            f"hosts {names} differ in gpu.arch/gpu.count/interconnect ({sorted(kinds)}); "
+            "a multi-node deployment needs identical hosts"
+        )
 
 
 def check_same_across_nodes(per_host: list[tuple[Host, dict[str, Any]]]) -> None:
@@ -32,8 +51,10 @@ def check_same_across_nodes(per_host: list[tuple[Host, dict[str, Any]]]) -> None
     for host, values in per_host[1:]:
         for key in SHARED_KEYS:
             if values[key] != first[key]:
-                raise RenderError(f"{key} is {first[key]!r} on {first_host.name} but {values[key]!r} on {host.name}; "
-                                  "values shared by all nodes must agree (check the hosts' vars)")
+                raise RenderError(
+                    f"{key} is {first[key]!r} on {first_host.name} but {values[key]!r} on {host.name}; "
+                    "values shared by all nodes must agree (check the hosts' vars)"
+                )
 
 
 def _positive(values: dict[str, Any], *keys: str) -> None:
@@ -48,16 +69,24 @@ def check_gpu_counts(host: Host, v: dict[str, Any]) -> None:
     if tp % nnodes:
         raise RenderError(f"tp_size {tp} does not divide over nnodes {nnodes}; tp_size counts the GPUs of all nodes")
     if tp % v["attn_dp_size"]:
-        raise RenderError(f"attn_dp_size {v['attn_dp_size']} does not divide tp_size {tp} (attention DP splits the TP group)")
+        raise RenderError(
+            f"attn_dp_size {v['attn_dp_size']} does not divide tp_size {tp} (attention DP splits the TP group)"
+        )
     if v["ep_size"] not in (1, tp):
-        raise RenderError(f"ep_size {v['ep_size']} must be 1 or equal tp_size {tp} (SGLang 0.5.23: ep_size x moe_dp_size == tp_size)")
+        raise RenderError(
+            f"ep_size {v['ep_size']} must be 1 or equal tp_size {tp} (SGLang 0.5.23: ep_size x moe_dp_size == tp_size)"
+        )
     per_node, replicas = tp // nnodes, v["replicas"]
     if per_node * replicas > host.gpu.count:
-        raise RenderError(f"[{host.name}] tp_size {tp} / nnodes {nnodes} x replicas {replicas} needs {per_node * replicas} "
-                          f"GPUs per node, but gpu.count is {host.gpu.count}")
+        raise RenderError(
+            f"[{host.name}] tp_size {tp} / nnodes {nnodes} x replicas {replicas} needs {per_node * replicas} "
+            f"GPUs per node, but gpu.count is {host.gpu.count}"
+        )
     if host.gpu.count % per_node:
-        raise RenderError(f"[{host.name}] tp_size {tp} / nnodes {nnodes} = {per_node} GPUs per node does not divide "
-                          f"gpu.count {host.gpu.count}; pick a tp_size whose per-node share divides it")
+        raise RenderError(
+            f"[{host.name}] tp_size {tp} / nnodes {nnodes} = {per_node} GPUs per node does not divide "
+            f"gpu.count {host.gpu.count}; pick a tp_size whose per-node share divides it"
+        )
 
 
 def check_memory(host: Host, topology: Topology, v: dict[str, Any]) -> None:
@@ -71,28 +100,40 @@ def check_memory(host: Host, topology: Topology, v: dict[str, Any]) -> None:
         raise RenderError(
             f"[{host.name}] topology {topology.name} does not fit: one replica needs ~{need:.0f} GB of weights "
             f"(model_weights_gb {v['model_weights_gb']:g} + draft_weights_gb {v['draft_weights_gb']:g}) but gets "
-            f"{gpus} x {host.gpu.memory_gib:g} GiB x mem_fraction_static {v['mem_fraction_static']:g} = {usable:.0f} GB; "
-            "use more GPUs per replica (e.g. tp8)")
+            f"{gpus} x {host.gpu.memory_gib:g} GiB x mem_fraction_static {v['mem_fraction_static']:g} "
+            f"= {usable:.0f} GB; "
+            "use more GPUs per replica (e.g. tp8)"
+        )
 
 
 def check_backends(host: Host, hw: HardwareProfile, v: dict[str, Any]) -> None:
     attn = v["attention_backend"]
     if attn in hw.unavailable_attention_backends:
-        raise RenderError(f"[{host.name}] attention_backend '{attn}' cannot run on {host.gpu.arch}: "
-                          f"{hw.unavailable_attention_backends[attn]}; use one of {', '.join(hw.tree_mask_backends)}")
+        raise RenderError(
+            f"[{host.name}] attention_backend '{attn}' cannot run on {host.gpu.arch}: "
+            f"{hw.unavailable_attention_backends[attn]}; use one of {', '.join(hw.tree_mask_backends)}"
+        )
     if v["tree_budget"] > 0 and attn not in hw.tree_mask_backends:
-        raise RenderError(f"[{host.name}] attention_backend '{attn}' cannot apply the DDTree tree mask on "
-                          f"{host.gpu.arch} (MLA verify needs one of: {', '.join(hw.tree_mask_backends)}); "
-                          "set attention_backend=triton, or tree_budget=0 for linear DFlash")
+        raise RenderError(
+            f"[{host.name}] attention_backend '{attn}' cannot apply the DDTree tree mask on "
+            f"{host.gpu.arch} (MLA verify needs one of: {', '.join(hw.tree_mask_backends)}); "
+            "set attention_backend=triton, or tree_budget=0 for linear DFlash"
+        )
     if v["draft_attention_backend"] not in DRAFT_ATTENTION_BACKENDS:
-        raise RenderError(f"draft_attention_backend '{v['draft_attention_backend']}' is not a DFLASH draft backend "
-                          f"(valid: {', '.join(DRAFT_ATTENTION_BACKENDS)})")
+        raise RenderError(
+            f"draft_attention_backend '{v['draft_attention_backend']}' is not a DFLASH draft backend "
+            f"(valid: {', '.join(DRAFT_ATTENTION_BACKENDS)})"
+        )
     a2a = v["moe_a2a_backend"]
     if a2a in hw.unavailable_a2a_backends:
-        raise RenderError(f"[{host.name}] moe_a2a_backend '{a2a}' cannot run here: {hw.unavailable_a2a_backends[a2a]}; "
-                          "set moe_a2a_backend=none or pick an NVLink host")
+        raise RenderError(
+            f"[{host.name}] moe_a2a_backend '{a2a}' cannot run here: {hw.unavailable_a2a_backends[a2a]}; "
+            "set moe_a2a_backend=none or pick an NVLink host"
+        )
     if v["attn_dp_size"] > 1 and not v["enable_dp_lm_head"]:
-        raise RenderError(f"attn_dp_size {v['attn_dp_size']} needs enable_dp_lm_head=true (DFLASH with attention DP requires it)")
+        raise RenderError(
+            f"attn_dp_size {v['attn_dp_size']} needs enable_dp_lm_head=true (DFLASH with attention DP requires it)"
+        )
 
 
 def check_speculative(v: dict[str, Any]) -> None:

@@ -76,7 +76,7 @@ def _convert(raw: Any, kind: type) -> Any:
 def _one_line(value: Any) -> Any:
     """Refuse newlines/control characters: a template may print a value in a `#` comment, where a
     newline would start a shell command."""
-    for text in (value if isinstance(value, list) else [value]):
+    for text in value if isinstance(value, list) else [value]:
         if isinstance(text, str) and any(ord(c) < 32 and c != "\t" or ord(c) == 127 for c in text):
             raise ValueError("must be one line (no newline or control characters)")
     return value
@@ -86,13 +86,12 @@ class Schema:
     """The known keys and their types: the defaults, the settable facts, and env.NAME."""
 
     def __init__(self, defaults: dict[str, Any]):
-        self.types: dict[str, type] = {k: type(v) for k, v in flatten(defaults).items()
-                                       if not k.startswith(ENV_PREFIX)}
+        self.types: dict[str, type] = {k: type(v) for k, v in flatten(defaults).items() if not k.startswith(ENV_PREFIX)}
         self.types.update(SETTABLE_FACTS)
 
     def coerce(self, key: str, raw: Any, source: str) -> Any:
         if key.startswith(ENV_PREFIX):
-            name = key[len(ENV_PREFIX):]
+            name = key[len(ENV_PREFIX) :]
             if not ENV_NAME_RE.match(name):
                 raise RenderError(f"{source}: '{key}' is not a valid environment variable name")
             try:
@@ -125,9 +124,15 @@ def host_facts(host: Host) -> dict[str, Any]:
     parent = posixpath.dirname(host.checkout.rstrip("/")) or "/"
     address = host.ssh.host if host.ssh else "127.0.0.1"  # vars.node_addr overrides an ssh alias
     return {
-        "host_name": host.name, "gpu_model": host.gpu.model, "gpu_count": host.gpu.count,
-        "gpu_arch": host.gpu.arch, "gpu_memory_gib": host.gpu.memory_gib, "interconnect": host.interconnect,
-        "checkout": host.checkout, "python": host.python, "node_addr": str(address),
+        "host_name": host.name,
+        "gpu_model": host.gpu.model,
+        "gpu_count": host.gpu.count,
+        "gpu_arch": host.gpu.arch,
+        "gpu_memory_gib": host.gpu.memory_gib,
+        "interconnect": host.interconnect,
+        "checkout": host.checkout,
+        "python": host.python,
+        "node_addr": str(address),
         "launch_dir": posixpath.join(parent, "ddeploy-launch"),
         "server_command": [host.python, "-m", "sglang.launch_server"],
     }
@@ -139,8 +144,14 @@ def _layer(schema: Schema, out: dict[str, Value], values: dict[str, Any], source
         out[key] = Value(key, value, source)
 
 
-def resolve(profiles: Profiles, host: Host, topology: Topology, hardware: HardwareProfile,
-            sets: list[tuple[str, str]], probed: tuple[dict[str, Any], str] | None = None) -> dict[str, Value]:
+def resolve(
+    profiles: Profiles,
+    host: Host,
+    topology: Topology,
+    hardware: HardwareProfile,
+    sets: list[tuple[str, str]],
+    probed: tuple[dict[str, Any], str] | None = None,
+) -> dict[str, Value]:
     """Every render value for one host, with the layer it came from. `probed`: (values, source)
     read from the host itself (e.g. its kernel build record), between inventory facts and vars."""
     schema = Schema(profiles.defaults)
@@ -161,6 +172,7 @@ def resolve(profiles: Profiles, host: Host, topology: Topology, hardware: Hardwa
 def plain(values: dict[str, Value]) -> dict[str, Any]:
     """The values for the template: env.* gathered into `env` (None drops a variable)."""
     out = {k: v.value for k, v in values.items() if not k.startswith(ENV_PREFIX)}
-    out["env"] = {k[len(ENV_PREFIX):]: v.value for k, v in values.items()
-                  if k.startswith(ENV_PREFIX) and v.value is not None}
+    out["env"] = {
+        k[len(ENV_PREFIX) :]: v.value for k, v in values.items() if k.startswith(ENV_PREFIX) and v.value is not None
+    }
     return out

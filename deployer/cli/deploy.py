@@ -1,0 +1,207 @@
+"""`ddeploy hosts|push|plan|status|rollback|log|lock`: thin shims over deployer.ops.deploy.
+
+Every remote command selects hosts with --host NAME (repeatable), --group G or --all, runs on them
+in parallel (--parallel N, --fail-fast), prints `[host]` progress and a summary table on stderr,
+and with --json one result per host on stdout. Exit status is non-zero when any host failed.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .app import cli
+from .context import AppContext, fleet_options, selection
+from .fleet import run
+from .output import emit_json, say, table
+
+
+def _deploy_options(ctx: click.Context, **kw):
+    from ..ops.deploy import Options
+
+    app: AppContext = ctx.obj
+    return Options(accept_new_host_keys=selection(ctx).accept_new_host_keys, command=app.command, **kw)
+
+
+def _push_args(fn):
+    fn = click.option(
+        "--version",
+        "-V",
+        "version",
+        default="latest",
+        show_default=True,
+        help="Patch set: a released version, `latest`, or a patch-set directory.",
+    )(fn)
+    fn = click.option(
+        "--3way", "three_way", is_flag=True, help="Fall back to a 3-way merge when a patch does not apply."
+    )(fn)
+    return fn
+
+
+@cli.command()
+@fleet_options
+@_push_args
+@click.option("--dry-run", "-n", is_flag=True, help="Show the plan; write nothing on any host.")
+@click.option("--force", is_flag=True, help="Save hand edits on the host (recoverably), then go on.")
+@click.option(
+    "--build",
+    "build_after",
+    is_flag=True,
+    help="After a successful apply that changed kernel sources, build the kernels (ddeploy build).",
+)
+@click.pass_context
+def push(ctx, version, three_way, dry_run, force, build_after):
+    """Apply a patch set to the hosts' SGLang checkouts (atomically, recorded in git on the host)."""
+    from ..ops.deploy import push_host
+    from ..patchset import load_patch_set
+
+    ps = load_patch_set(version)  # verified (checksums, path safety) before any host is touched
+    opts = _deploy_options(ctx, dry_run=dry_run, three_way=three_way, force=force)
+    op, describe = (lambda h, say: push_host(h, ps, opts, say)), (lambda res: _views().describe_push(res, ps))
+    if build_after and not dry_run:
+        from ..ops.kernel_build import BuildOptions, push_then_build
+
+        bopts = BuildOptions(accept_new_host_keys=opts.accept_new_host_keys, command=opts.command)
+        op = lambda h, say: push_then_build(h, ps, opts, bopts, say)  # noqa: E731
+        describe = lambda res: _views().describe_push_build(res, ps)  # noqa: E731
+    run(ctx.obj, selection(ctx), op, describe)
+
+
+@cli.command()
+@fleet_options
+@_push_args
+@click.pass_context
+def plan(ctx, version, three_way):
+    """What `push` would do per host (patches, files, conflicts, drift); writes nothing."""
+    from ..ops.deploy import plan_host
+    from ..patchset import load_patch_set
+
+    ps = load_patch_set(version)
+    opts = _deploy_options(ctx, dry_run=True, three_way=three_way)
+    op = lambda h, say: plan_host(h, ps, opts, say)  # noqa: E731
+    run(ctx.obj, selection(ctx), op, lambda res: _views().describe_push(res, ps))
+
+
+@cli.command()
+@fleet_options
+@click.pass_context
+def status(ctx):
+    """Per host: reachable, applied version, drift, lock holder, kernel builds, last remote test."""
+    from ..ops.deploy import status_host
+
+    opts = _deploy_options(ctx)
+    run(
+        ctx.obj,
+        selection(ctx),
+        lambda h, say: status_host(h, opts, say),
+        _views().describe_status,
+        report=_views().status_table,
+    )
+
+
+@cli.command()
+@fleet_options
+@click.option("--to", "to", metavar="V", help="Return to a previously applied version instead of the pre-deploy state.")
+@click.option("--force", is_flag=True, help="Save hand edits on the host (recoverably), then roll back.")
+@click.pass_context
+def rollback(ctx, to, force):
+    """Return the checkouts exactly to the state before the applied version (or to version V)."""
+    from ..ops.deploy import rollback_host
+
+    opts = _deploy_options(ctx, to=to, force=force)
+    run(ctx.obj, selection(ctx), lambda h, say: rollback_host(h, opts, say), _views().describe_rollback)
+
+
+@cli.command()
+@fleet_options
+@click.pass_context
+def log(ctx):
+    """History of what was applied and rolled back (newest first)."""
+    from ..ops.deploy import log_host
+
+    opts = _deploy_options(ctx)
+    run(ctx.obj, selection(ctx), lambda h, say: log_host(h, opts, say), _views().describe_log, report=_histories)
+
+
+def _histories(results) -> str:
+    return "\n".join(f"history of {r.host}:\n{_views().history_table(r.outcome.result)}" for r in results if r.ok)
+
+
+@cli.group()
+def lock() -> None:
+    """Inspect or release a checkout's deploy lock (e.g. one left by a killed deploy)."""
+
+
+@lock.command("status")
+@fleet_options
+@click.pass_context
+def lock_status(ctx):
+    """Who holds each host's lock, and for how long."""
+    from ..ops.deploy import lock_status_host
+
+    opts = _deploy_options(ctx)
+    run(
+        ctx.obj,
+        selection(ctx),
+        lambda h, say: lock_status_host(h, opts, say),
+        lambda res: _views().describe_lock(res.lock),
+    )
+
+
+@lock.command("release")
+@fleet_options
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def lock_release(ctx, yes):
+    """Remove a stale lock (asks first unless --yes)."""
+    from ..ops.deploy import lock_release_host
+
+    sel = selection(ctx)
+    hosts = sel.hosts(ctx.obj)
+    if not yes:
+        click.confirm(
+            f"Release the deploy lock on {', '.join(h.name for h in hosts)}? Only do this when no "
+            f"deploy is running there",
+            abort=True,
+            err=True,
+        )
+    opts = _deploy_options(ctx)
+    run(ctx.obj, sel, lambda h, say: lock_release_host(h, opts, say), _views().describe_lock_release, hosts=hosts)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Hosts as JSON on stdout.")
+@click.pass_obj
+def hosts(app: AppContext, as_json):
+    """List the inventory's hosts (and the built-in `local`)."""
+    inv = app.inventory
+    if as_json:
+        emit_json([{**h.model_dump(mode="json"), "source": h.source} for h in inv.hosts.values()])
+        return
+    rows = [
+        [
+            h.name,
+            _target(h),
+            f"{h.gpu.count}x {h.gpu.model}",
+            h.gpu.arch,
+            h.interconnect,
+            h.checkout,
+            ",".join(h.groups),
+        ]
+        for h in inv.hosts.values()
+    ]
+    say(table(rows, ["host", "target", "gpus", "arch", "link", "checkout", "groups"]))
+
+
+def _target(h) -> str:
+    if h.is_local:
+        return "(this machine)"
+    s = h.ssh
+    target = f"{s.user + '@' if s.user else ''}{s.host}{':' + str(s.port) if s.port else ''}"
+    return target + (f" via {s.jump}" if s.jump else "")
+
+
+def _views():
+    """The renderers, imported when a command runs (not for --help or --version)."""
+    from . import views
+
+    return views

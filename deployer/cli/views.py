@@ -1,0 +1,215 @@
+"""How outcomes read to a person: one-line summaries and tables. The only place with display
+strings such as "3 file(s)" or "-"; `--json` carries the outcomes' data instead."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..errors import ConnectError
+from ..ops.fleet import HostResult
+from ..ops.deploy import HostStatus
+from ..ops.kernel_build import PushBuild
+from ..patchset import PatchSet
+from ..transport.protocol import (
+    BuildRecord,
+    BuildReply,
+    LockOwner,
+    LockReleaseReply,
+    LogReply,
+    Plan,
+    PlanReply,
+    PushReply,
+    RollbackReply,
+    TestRecord,
+)
+from .output import table
+
+
+def summary(result: HostResult, describe_ok) -> str:
+    return describe_ok(result.outcome.result) if result.ok else result.message
+
+
+def describe_plan(plan: Plan, ps: PatchSet) -> str:
+    if plan.blocked:
+        return f"blocked: {plan.blocked}"
+    if plan.action == "noop":
+        return f"no change ({ps.name} {ps.version} already applied)"
+    if plan.action == "restore":
+        return f"would save hand edits and restore {ps.name} {ps.version}"
+    verb = f"replace {plan.from_} with" if plan.action == "replace" else "apply"
+    return f"would {verb} {ps.name} {ps.version} ({len(ps.patches)} patches, {len(ps.files)} files)"
+
+
+def describe_push(res: PushReply | PlanReply, ps: PatchSet) -> str:
+    if isinstance(res, PlanReply):
+        return describe_plan(res.plan, ps)
+    if not res.changed or res.applied is None:
+        return f"unchanged ({ps.name} {ps.version} already applied)"
+    over = f" over {res.plan.from_}" if res.plan.from_ else ""
+    saved = f"; hand edits saved as {res.saved}" if res.saved else ""
+    return (
+        f"applied {ps.name} {ps.version}{over} ({len(res.applied.patches)} patches, "
+        f"head {res.applied.head[:12]}){saved}"
+    )
+
+
+def describe_push_build(res: PushBuild | PlanReply, ps: PatchSet) -> str:
+    if not isinstance(res, PushBuild):
+        return describe_push(res, ps)
+    pushed = describe_push(res.push, ps)
+    if not res.push.changed:
+        return pushed
+    if res.build is None:
+        return f"{pushed}; kernel sources unchanged, no build"
+    return f"{pushed}; {describe_build(res.build)}"
+
+
+def describe_rollback(res: RollbackReply) -> str:
+    if not res.changed:
+        return res.message or "unchanged"
+    saved = f"; hand edits saved as {res.saved}" if res.saved else ""
+    target = res.to or f"pre-deploy state (tree {(res.tree or '')[:12]})"
+    return f"rolled back {res.from_} -> {target}{saved}"
+
+
+def describe_lock(lock: LockOwner | None) -> str:
+    if lock is None:
+        return "free"
+    age = time.time() - (lock.time if lock.time is not None else time.time())
+    stale = " (stale: that process is gone)" if lock.alive is False else ""
+    return f"held by {lock.by} pid {lock.pid or '?'} running `{lock.command or '?'}` for {age:.0f}s{stale}"
+
+
+def describe_lock_release(res: LockReleaseReply) -> str:
+    return f"released the lock of {describe_lock(res.lock)}" if res.released else "no lock held"
+
+
+def describe_build(res: BuildReply) -> str:
+    plan = res.plan
+    if not res.changed:
+        return f"up to date ({plan.arch}, {plan.reason})"
+    modules = ", ".join(f"{m.get('module')} {m.get('status')}" for m in (res.build or {}).get("modules", []))
+    return f"built {plan.arch} with nvcc {plan.toolkit.nvcc}: {modules}"
+
+
+def describe_test(record: TestRecord) -> str:
+    return f"{record.summary}; report {record.report}"
+
+
+def describe_log(res: LogReply) -> str:
+    return f"{len(res.entries)} record(s)"
+
+
+# --- status ------------------------------------------------------------------------------------
+
+
+def applied_text(status: HostStatus) -> str:
+    a = status.applied
+    return f"{a.name} {a.version}" if a else "none"
+
+
+def drift_text(status: HostStatus) -> str:
+    return f"{len(status.drift)} file(s)" if status.drift else "none"
+
+
+def lock_cell(lock: LockOwner | None) -> str:
+    if lock is None:
+        return "-"
+    return f"{lock.by} pid {lock.pid or '?'}{' (stale)' if lock.alive is False else ''}"
+
+
+def builds_text(builds: dict[str, BuildRecord]) -> str:
+    if not builds:
+        return "-"
+    parts = []
+    for arch, info in sorted(builds.items()):
+        verdict = "" if info.ok is None else (" ok" if info.ok else " FAILED")
+        version = f" ({info.version})" if info.version else ""
+        parts.append(f"{arch}{verdict}{version}")
+    return ", ".join(parts)
+
+
+def tests_text(tests: TestRecord | None) -> str:
+    if tests is None:
+        return "-"
+    verdict = {True: "ok", False: "FAILED"}.get(tests.ok, "?")
+    detail = tests.summary or (f"{tests.passed} passed" if tests.passed is not None else "")
+    return f"{verdict} {detail}".strip()
+
+
+def describe_status(status: HostStatus) -> str:
+    return f"{applied_text(status)}; drift: {drift_text(status)}; lock: {lock_cell(status.lock)}"
+
+
+def status_table(results: list[HostResult]) -> str:
+    rows = []
+    for r in results:
+        if r.ok:
+            s: HostStatus = r.outcome.result
+            rows.append(
+                [
+                    r.host,
+                    "yes",
+                    applied_text(s),
+                    drift_text(s),
+                    lock_cell(s.lock),
+                    builds_text(s.builds),
+                    tests_text(s.tests),
+                ]
+            )
+        elif isinstance(r.error, ConnectError):
+            rows.append([r.host, f"no: {r.message}"[:70], "?", "?", "?", "?", "?"])
+        else:  # reachable, but the checkout cannot be read (missing, not git, ...)
+            rows.append([r.host, "yes", f"error: {r.message}"[:70], "?", "?", "?", "?"])
+    return table(rows, ["host", "reachable", "applied", "drift", "lock", "builds", "tests"])
+
+
+# --- fleet summaries ---------------------------------------------------------------------------
+
+
+def summary_table(results: list[HostResult], describe_ok) -> str:
+    rows = [
+        [
+            r.host,
+            ("ok: " if r.ok else ("SKIPPED: " if r.skipped else "FAILED: ")) + summary(r, describe_ok),
+            f"{r.duration:.2f}s",
+        ]
+        for r in results
+    ]
+    return table(rows, ["host", "result", "duration"])
+
+
+def history_table(res: LogReply) -> str:
+    rows = [[e.date, e.commit[:12], e.message] for e in res.entries]
+    return table(rows, ["date", "record", "what"]) if rows else "(nothing yet)"
+
+
+def test_rows(results: list[HostResult]) -> list[list[str]]:
+    """Per-host rows: host, verdict, passed, failed, skipped, errors, duration."""
+    rows = []
+    for r in results:
+        t: dict[str, Any] = r.data
+        counts = [str(t[k]) if t.get(k) is not None else "-" for k in ("passed", "failed", "skipped", "errors")]
+        duration = f"{t['duration']:.1f}s" if t.get("duration") is not None else "-"
+        rows.append([r.host, "ok" if r.ok else ("skipped" if r.skipped else "FAILED"), *counts, duration])
+    return rows
+
+
+def test_table(results: list[HostResult]) -> str:
+    return table(test_rows(results), ["host", "result", "passed", "failed", "skipped", "errors", "duration"])
+
+
+def result_json(r: HostResult) -> dict[str, Any]:
+    """One host's result for --json: stable data fields, no display strings (docs/remote.md)."""
+    out: dict[str, Any] = {
+        "host": r.host,
+        "ok": r.ok,
+        "status": r.status,
+        "changed": r.changed,
+        "duration_s": round(r.duration, 3),
+        "data": r.data,
+    }
+    if r.error is not None:
+        out["error"] = {"type": type(r.error).__name__, "message": str(r.error), "exit_code": int(r.error.exit_code)}
+    return out

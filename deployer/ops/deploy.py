@@ -1,0 +1,211 @@
+"""Deploy operations on one host: plan, push, status, rollback, log, lock status/release.
+
+Each is one agent session (one SSH connection): the agent (deployer/transport/agent.py) does the
+host-side work as one transaction and owns the on-disk format; this module only builds requests
+and returns the typed replies.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConflictError, DriftError
+from ..inventory import Host
+from ..patchset import PatchSet
+from ..transport.agent_client import AgentSession, agent_session
+from ..transport.protocol import (
+    Applied,
+    BuildRecord,
+    LockOwner,
+    LockReleaseReply,
+    LockReply,
+    LogReply,
+    PlanReply,
+    PushReply,
+    Record,
+    Reply,
+    RollbackReply,
+    StatusReply,
+    TestRecord,
+)
+from .outcome import Outcome, Say
+
+SETS_DIR = ".git/ddeploy/sets"
+
+
+@dataclass(frozen=True)
+class Options:
+    dry_run: bool = False
+    three_way: bool = False
+    force: bool = False
+    accept_new_host_keys: bool = False
+    command: str = "ddeploy"
+    to: str | None = None
+
+
+class HostStatus(Record):
+    """`ddeploy status` of one host, as data (the human table is rendered from it)."""
+
+    reachable: bool = True
+    head: str
+    branch: str | None = None
+    applied: Applied | None = None
+    drift: list[str] = []
+    lock: LockOwner | None = None
+    builds: dict[str, BuildRecord] = {}
+    tests: TestRecord | None = None
+    interrupted: bool = False
+
+
+def session(host: Host, opts: Options):
+    return agent_session(host, accept_new_host_keys=opts.accept_new_host_keys, command=opts.command)
+
+
+def ensure_local_checkout(host: Host, say: Say) -> None:
+    """The built-in `local` host's checkout is a clone of the pristine base, made on first use."""
+    if host.is_local and not (Path(host.checkout) / ".git").exists():
+        from ..patchset.sglang_base import clone_base
+
+        say(f"first use: creating {host.checkout} from the pristine SGLang base (builds the base if needed)")
+        clone_base(Path(host.checkout))
+
+
+def set_dir(host: Host, ps: PatchSet) -> str:
+    """Where the set lives on the host once shipped (so a repeated push sends only metadata)."""
+    return f"{host.checkout.rstrip('/')}/{SETS_DIR}/{ps.name}-{ps.version}-{ps.fingerprint()[:12]}"
+
+
+def set_request(ps: PatchSet, *, remote_dir: str | None, inline: bool) -> dict[str, Any]:
+    """The patch set as the agent sees it: metadata, plus the patches' bytes when `inline`."""
+    patches = []
+    for p in ps.patches:
+        entry: dict[str, Any] = {"name": p.name, "sha256": p.sha256, "files": list(p.files)}
+        if inline:
+            entry["data_b64"] = base64.b64encode(p.data).decode()
+        patches.append(entry)
+    return {
+        "name": ps.name,
+        "version": ps.version,
+        "fingerprint": ps.fingerprint(),
+        "base_tree": ps.base_tree,
+        "base_version": ps.base_version,
+        "files": ps.files,
+        "patches": patches,
+        "dir": remote_dir,
+    }
+
+
+def options_request(opts: Options) -> dict[str, Any]:
+    # pause: a test-only hook that widens the window in which a test cuts the connection
+    return {
+        "options": {
+            "force": opts.force,
+            "three_way": opts.three_way,
+            "to": opts.to,
+            "pause": os.environ.get("DDEPLOY_TEST_AGENT_PAUSE", ""),
+        }
+    }
+
+
+def plan_host(host: Host, ps: PatchSet, opts: Options, say: Say) -> Outcome:
+    ensure_local_checkout(host, say)
+    request = {**options_request(opts), "set": set_request(ps, remote_dir=None, inline=True)}
+    with session(host, opts) as agent:
+        res = agent.call("plan", request, PlanReply, stream=say)
+    for line in plan_details(res):
+        say(line)
+    if res.plan.blocked:  # a plan that push would refuse fails, so scripts can gate on it
+        err = DriftError if res.plan.drift and not opts.force else ConflictError
+        raise err(f"push would be refused: {res.plan.blocked}", host=host.name)
+    return Outcome(res)
+
+
+def plan_details(res: PlanReply) -> list[str]:
+    """One progress line per patch checked and per hand edit found."""
+    lines = [
+        f"patch {p.name}: {'applies' if p.ok else 'CONFLICT ' + str(p.error)} ({', '.join(p.files)})"
+        for p in res.plan.patches
+    ]
+    return lines + [f"hand edit: {d}" for d in res.plan.drift]
+
+
+def push_host(host: Host, ps: PatchSet, opts: Options, say: Say) -> Outcome:
+    if opts.dry_run:
+        return plan_host(host, ps, opts, say)
+    ensure_local_checkout(host, say)
+    with session(host, opts) as agent:
+        res = push_with(agent, ps, opts, say)
+    return Outcome(res, changed=res.changed)
+
+
+def push_with(agent: AgentSession, ps: PatchSet, opts: Options, say: Say) -> PushReply:
+    """One round trip when the set is already on the host (a repeated push); else a second call on
+    the same connection carries the patches, which the agent keeps for next time."""
+    remote_dir = set_dir(agent.host, ps)
+    request = {**options_request(opts), "set": set_request(ps, remote_dir=remote_dir, inline=False)}
+    res = agent.call("push", request, PushReply, stream=say, passthrough=("NeedShip",))
+    if isinstance(res, PushReply):
+        return res
+    say(f"shipping {ps.name} {ps.version} ({len(ps.patches)} patches) to {remote_dir}")
+    request["set"] = set_request(ps, remote_dir=remote_dir, inline=True)
+    return agent.call("push", request, PushReply, stream=say)
+
+
+def rollback_host(host: Host, opts: Options, say: Say) -> Outcome:
+    with session(host, opts) as agent:
+        res = agent.call("rollback", options_request(opts), RollbackReply, stream=say)
+    return Outcome(res, changed=res.changed)
+
+
+def status_host(host: Host, opts: Options, say: Say) -> Outcome:
+    with session(host, opts) as agent:
+        facts = agent.call("status", {}, StatusReply, stream=say).facts
+    state = facts.state
+    return Outcome(
+        HostStatus(
+            head=facts.head,
+            branch=facts.branch,
+            applied=state.applied,
+            drift=facts.drift,
+            lock=facts.lock,
+            builds=state.builds,
+            tests=state.tests,
+            interrupted=facts.journal,
+        )
+    )
+
+
+def log_host(host: Host, opts: Options, say: Say) -> Outcome:
+    with session(host, opts) as agent:
+        return Outcome(agent.call("log", {}, LogReply, stream=say))
+
+
+def lock_status_host(host: Host, opts: Options, say: Say) -> Outcome:
+    with session(host, opts) as agent:
+        return Outcome(agent.call("lock-status", {}, LockReply, stream=say))
+
+
+def lock_release_host(host: Host, opts: Options, say: Say) -> Outcome:
+    with session(host, opts) as agent:
+        res = agent.call("lock-release", {}, LockReleaseReply, stream=say)
+    return Outcome(res, changed=res.released)
+
+
+__all__ = [
+    "Options",
+    "HostStatus",
+    "Outcome",
+    "Reply",
+    "plan_host",
+    "push_host",
+    "push_with",
+    "rollback_host",
+    "status_host",
+    "log_host",
+    "lock_status_host",
+    "lock_release_host",
+]

@@ -1,0 +1,122 @@
+"""Start, tail and stop rendered launch scripts on hosts; the agent owns the records there.
+
+Layout on the host (launch_dir is a render value, default `<checkout>/../ddeploy-launch`):
+    <launch_dir>/<topology>/<unit>.sh, <unit>.env, <unit>.log
+    <launch_dir>/launch.json   the last launch: topology, units (pid, start time, log), state
+Each unit starts detached in its own session, so it leads its own process group. Stop checks the
+recorded start time (/proc/<pid>/stat field 22) before signalling, so a reused pid is never hit,
+then sends TERM to the group, waits, and KILLs what is left. One connection per host per command.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from typing import Any, Callable
+
+from ..inventory import Host
+from ..transport.agent_client import AgentSession, agent_session
+from ..transport.protocol import HostState, LaunchReply, LogsReply, StateReply, StopReply
+from ..render import RenderedUnit, launch_dir_for, render_hosts
+
+HostSay = Callable[[str, str], None]  # (message, host)
+
+
+def build_cache_dir(state: HostState | dict[str, Any], arch: str) -> tuple[str | None, str]:
+    """The JIT cache of a good build of the applied version for `arch`, or (None, why not)."""
+    state = state if isinstance(state, HostState) else HostState.model_validate(state)
+    if state.applied is None:
+        return None, "no patch set applied"
+    applied = state.applied.version
+    build = state.builds.get(arch)
+    if build is None:
+        return None, f"no kernel build recorded for {arch}"
+    candidates = ([build] if build.ok else []) + list(build.known.values())
+    for cand in candidates:
+        if cand.cache_dir and cand.version == applied:
+            return cand.cache_dir, f"build record {arch}, {cand.at or '?'}"
+    return None, f"no good kernel build of the applied version {applied} for {arch}"
+
+
+def probed_values(agents: dict[str, AgentSession], say: HostSay) -> dict[str, tuple[dict, str]]:
+    """Per host, render values read from the host: jit_cache_dir from its kernel build record."""
+    probed = {}
+    for name, agent in agents.items():
+        state = agent.call("state", {}, StateReply).state
+        cache_dir, why = build_cache_dir(state, agent.host.gpu.arch)
+        if cache_dir:
+            probed[name] = ({"jit_cache_dir": cache_dir}, f"host {name} {why}")
+        else:
+            say(f"{why}: JIT kernels will compile at first use (run `ddeploy build --host {name}`)", name)
+    return probed
+
+
+def by_host(units: list[RenderedUnit]) -> dict[str, list[RenderedUnit]]:
+    out: dict[str, list[RenderedUnit]] = {}
+    for unit in units:
+        out.setdefault(unit.host, []).append(unit)
+    return out
+
+
+def launch_dir(units: list[RenderedUnit]) -> str:
+    return dict((v.key, v.value) for v in units[0].values)["launch_dir"]
+
+
+def unit_request(unit: RenderedUnit) -> dict[str, str]:
+    return {
+        "name": unit.name,
+        "script_file": unit.script_file,
+        "env_file": unit.env_file,
+        "script": unit.script,
+        "env": unit.env,
+    }
+
+
+def launch_units(
+    agent: AgentSession, units: list[RenderedUnit], say: Callable[[str], None], settle: float = 1.0
+) -> LaunchReply:
+    """Write the host's units there, start each detached, record pids; refused while one still runs."""
+    request = {
+        "target": {"name": agent.host.name},
+        "base": launch_dir(units),
+        "topology": units[0].topology,
+        "units": [unit_request(u) for u in units],
+        "settle": settle,
+    }
+    return agent.call("launch", request, LaunchReply, stream=say)
+
+
+def launch(
+    hosts: list[Host],
+    topology: str,
+    sets: tuple[str, ...],
+    say: HostSay,
+    *,
+    dry_run: bool = False,
+    command: str = "ddeploy launch",
+) -> dict[str, LaunchReply | list[RenderedUnit]]:
+    """Render for the hosts (kernel builds read from them), then start each host's units.
+    Dry run: the rendered units per host, nothing started."""
+    render_hosts(hosts, topology, sets)  # a bad topology or --set fails before any host is contacted
+    with ExitStack() as stack:
+        agents = {h.name: stack.enter_context(agent_session(h, command=command)) for h in hosts}
+        units = by_host(render_hosts(hosts, topology, sets, probed=probed_values(agents, say)))
+        if dry_run:
+            return units
+        return {
+            name: launch_units(agents[name], host_units, lambda m, n=name: say(m, n))
+            for name, host_units in units.items()
+        }
+
+
+def logs(host: Host, sets: tuple[str, ...], lines: int, follow: bool, out: Callable[[str], None]) -> LogsReply:
+    """The last launch's logs, line by line to `out`; --follow ends when the server exits."""
+    request = {"base": launch_dir_for(host, sets), "lines": lines, "follow": follow}
+    with agent_session(host, command="ddeploy logs") as agent:
+        return agent.call("logs", request, LogsReply, stream=out)
+
+
+def stop(host: Host, sets: tuple[str, ...], say: Callable[[str], None], grace: float = 30.0) -> StopReply:
+    """Stop exactly the processes the last launch recorded (verified by start time)."""
+    request = {"target": {"name": host.name}, "base": launch_dir_for(host, sets), "grace": grace}
+    with agent_session(host, command="ddeploy stop") as agent:
+        return agent.call("stop", request, StopReply, stream=say, timeout=grace + 60)

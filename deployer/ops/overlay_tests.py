@@ -1,0 +1,156 @@
+"""`ddeploy test`: the overlay's unit tests (shipped in the patch set under test/srt/ddtree/), on
+hosts with the host's python against the patched checkout, or locally against the overlay.
+
+On a host the agent does it in one call: refuse unless a patch set is applied (and, with
+--version, unless it is that set), run pytest with a JUnit report inside the checkout's .git
+(the work tree stays clean) and its output streamed as `[host] ...`, record the totals in the
+host's state (section "tests") and send the report back in its reply, saved under --report-dir.
+A host whose tests fail, or whose pytest cannot run, is that host's failure; the others go on.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..transport.connection import LocalConnection
+from ..errors import DeployError, OverlayTestsFailed
+from ..inventory import Host, local_host
+from ..patchset import PatchSet
+from ..locations import active_overlay_dir, cache_dir
+from ..transport.agent_client import agent_session
+from ..transport.protocol import TestRecord, TestReply
+from .outcome import Outcome, Say
+
+TEST_DIR = "test/srt/ddtree"
+
+
+@dataclass(frozen=True)
+class TestOptions:
+    __test__ = False  # not a pytest class
+
+    expr: str | None = None
+    requested: PatchSet | None = None
+    report_dir: Path | None = None
+    accept_new_host_keys: bool = False
+    command: str = "ddeploy test"
+
+    @property
+    def reports(self) -> Path:
+        return self.report_dir or cache_dir() / "test-reports"
+
+
+@dataclass(frozen=True)
+class JUnitSummary:
+    tests: int
+    passed: int
+    failed: int
+    errors: int
+    skipped: int
+    duration: float
+
+    @property
+    def ok(self) -> bool:
+        return self.failed == 0 and self.errors == 0 and self.tests > 0
+
+    def describe(self) -> str:
+        return (
+            f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped, {self.errors} errors "
+            f"in {self.duration:.1f}s"
+        )
+
+
+def parse_junit(path: Path) -> JUnitSummary:
+    """Totals over every <testsuite> of a pytest JUnit report."""
+    try:
+        root = ET.parse(path).getroot()  # noqa: S314 - our own pytest's report
+    except (ET.ParseError, OSError) as exc:
+        raise DeployError(f"cannot read the JUnit report {path}: {exc}") from None
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    total = {k: sum(int(s.get(k, 0) or 0) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    duration = sum(float(s.get("time", 0) or 0) for s in suites)
+    passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
+    return JUnitSummary(total["tests"], passed, total["failures"], total["errors"], total["skipped"], duration)
+
+
+def stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{time.monotonic_ns() % 1000000:06d}"
+
+
+def verdict(host: str, record: TestRecord) -> Outcome:
+    """Outcome for a passing run; OverlayTestsFailed (carrying the record as its data) otherwise."""
+    if record.ok:
+        return Outcome(record)
+    if record.tests is None:
+        msg = f"pytest exited {record.rc} without a JUnit report; see the output above"
+    elif record.tests == 0:
+        msg = f"no tests ran (pytest exit {record.rc}); check -k and the checkout's {TEST_DIR}"
+    else:
+        msg = f"tests failed: {record.summary}; report {record.report}"
+    err = OverlayTestsFailed(msg, host=host)
+    err.data = record.to_data()
+    raise err
+
+
+def test_host(host: Host, opts: TestOptions, say: Say) -> Outcome:
+    """Run the overlay tests of the applied patch set on one host (see the module docstring)."""
+    run = stamp()
+    local = opts.reports / host.name / f"{run}.xml"
+    requested = opts.requested
+    request = {
+        "target": {"name": host.name, "python": host.python},
+        "stamp": run,
+        "report": str(local),
+        "options": {"k": opts.expr},
+        "requested": None
+        if requested is None
+        else {"name": requested.name, "version": requested.version, "fingerprint": requested.fingerprint()},
+    }
+    with agent_session(host, accept_new_host_keys=opts.accept_new_host_keys, command=opts.command) as agent:
+        res = agent.call("test", request, TestReply, stream=say)
+    if res.junit is not None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_text(res.junit)
+    return verdict(host.name, res.record)
+
+
+def test_local(opts: TestOptions, say: Say) -> Outcome:
+    """The same suite on this machine, against the overlay ($DDEPLOY_OVERLAY_DIR or overlays/ddtree)."""
+    overlay = active_overlay_dir()
+    conn = LocalConnection(local_host())
+    local = opts.reports / "local" / f"{stamp()}.xml"
+    local.parent.mkdir(parents=True, exist_ok=True)
+    say(f"running {overlay / TEST_DIR} with {sys.executable}" + (f" (-k {opts.expr})" if opts.expr else ""))
+    argv = [
+        "sh",
+        "-c",
+        'exec "$@" 1>&2',
+        "sh",
+        sys.executable,
+        "-m",
+        "pytest",
+        TEST_DIR,
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "junit_family=xunit2",
+        f"--junitxml={local}",
+        *(["-k", opts.expr] if opts.expr else []),
+    ]
+    res = conn.run(argv, cwd=str(overlay), check=False, stream=say)
+    summary = parse_junit(local) if local.exists() else None
+    totals = {} if summary is None else {**summary.__dict__, "summary": summary.describe()}
+    record = TestRecord(
+        ok=bool(summary and summary.ok and res.rc == 0),
+        rc=res.rc,
+        version="overlay",
+        k=opts.expr,
+        at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        report=str(local),
+        **{"summary": f"pytest exit {res.rc}", **totals},
+    )
+    return verdict("local", record)

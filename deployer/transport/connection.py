@@ -1,0 +1,503 @@
+"""Connections to hosts: one interface for this machine (subprocess) and SSH hosts (paramiko via
+Fabric for commands, the system `rsync` over `ssh -F <same ssh_config>` for transfers).
+
+    with open_connection(host) as conn:
+        res = conn.run(["git", "-C", host.checkout, "rev-parse", "HEAD"])   # RunResult(rc, stdout, stderr)
+        conn.rsync_to(Path("local/dir/"), f"{host.checkout}/.git/ddeploy/x/")
+
+Commands are argv lists, quoted with shlex before they reach the remote shell. Host keys are
+checked strictly against known_hosts (the ssh_config's UserKnownHostsFile, else
+~/.ssh/known_hosts); `accept_new_host_keys=True` records an unknown key there, a changed key is
+always refused. Connection failures raise ConnectError with one line naming the host.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import shlex
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import paramiko
+from paramiko.ssh_exception import AuthenticationException, BadHostKeyException, NoValidConnectionsError, SSHException
+
+from ..errors import ConnectError, RemoteCommandError
+from ..inventory import Host
+
+Stream = Callable[[str], None]
+# paramiko's transport thread logs its own tracebacks (e.g. a banner timeout) through the root
+# logger's last-resort handler; every failure already becomes one ConnectError line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect: float = 10.0  # TCP connect
+    banner: float = 10.0  # SSH banner after TCP connect
+    auth: float = 15.0
+    command: float | None = None  # default per-command limit (None: no limit)
+    keepalive: int = 15  # seconds between keepalives; a dead peer is noticed
+
+    @classmethod
+    def from_env(cls) -> "Timeouts":
+        """Defaults, overridden by DDEPLOY_{CONNECT,BANNER,AUTH,COMMAND}_TIMEOUT (seconds)."""
+        values = {}
+        for name in ("connect", "banner", "auth", "command"):
+            raw = os.environ.get(f"DDEPLOY_{name.upper()}_TIMEOUT")
+            if raw:
+                try:
+                    values[name] = float(raw)
+                except ValueError:
+                    values[name] = float("nan")
+                if not 0 < values[name] < 1e9:  # also refuses nan and inf
+                    raise ConnectError(
+                        f"DDEPLOY_{name.upper()}_TIMEOUT={raw!r} is not a number of seconds "
+                        f"(must be positive and finite)"
+                    )
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+def quote_argv(argv: list[str]) -> str:
+    """The one place a command line is built for a remote shell: every word shlex-quoted."""
+    if not argv:
+        raise ValueError("empty command")
+    return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+def _env_prefix(env: dict[str, str] | None) -> list[str]:
+    return ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
+
+
+def last_line(*texts: str, default: str = "no output") -> str:
+    """The last line of the first text that has one (stderr, then stdout): the gist of a failure."""
+    for text in texts:
+        lines = text.strip().splitlines()
+        if lines:
+            return lines[-1]
+    return default
+
+
+def _check(host: str, argv: list[str], res: RunResult, check: bool) -> RunResult:
+    if check and res.rc != 0:
+        last = last_line(res.stderr, res.stdout)
+        raise RemoteCommandError(f"`{argv[0]} {' '.join(argv[1:3])}...` exited {res.rc}: {last}", host=host)
+    return res
+
+
+class _LineSplitter:
+    """Feed bytes, call `stream` once per complete line (the rest waits for more)."""
+
+    def __init__(self, stream: Stream | None):
+        self.stream, self.buf = stream, b""
+
+    def feed(self, data: bytes) -> None:
+        if not self.stream:
+            return
+        self.buf += data
+        *lines, self.buf = self.buf.split(b"\n")
+        for line in lines:
+            self.stream(line.decode(errors="replace"))
+
+    def flush(self) -> None:
+        if self.stream and self.buf:
+            self.stream(self.buf.decode(errors="replace"))
+        self.buf = b""
+
+
+class Connection:
+    """Common interface; see LocalConnection and SSHConnection."""
+
+    host: Host
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        check: bool = True,
+        timeout: float | None = None,
+        stream: Stream | None = None,
+        input: bytes | None = None,
+    ) -> RunResult:
+        raise NotImplementedError
+
+    def rsync_to(
+        self, local_path: Path | str, remote_path: str, *, delete: bool = False, checksum: bool = False
+    ) -> None:
+        """Copy like `rsync -a` (checksum=True compares contents, not size and mtime)."""
+        raise NotImplementedError
+
+    def rsync_from(self, remote_path: str, local_path: Path | str) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _rsync(self, src: str, dst: str, ssh_cmd: list[str] | None, delete: bool, checksum: bool = False) -> None:
+        argv = ["rsync", "-a", "--mkpath", *(["--delete"] if delete else []), *(["--checksum"] if checksum else [])]
+        if ssh_cmd:
+            # -s (--protect-args): the remote path reaches rsync verbatim, never the remote shell (an
+            # rsync before 3.2.4 would run `$(...)` in it; 3.2.7 still drops `...` backtick spans).
+            argv += ["-s", "-e", quote_argv(ssh_cmd)]
+        proc = subprocess.run([*argv, "--", src, dst], capture_output=True, text=True)
+        if proc.returncode != 0:
+            last = last_line(proc.stderr)
+            err = ConnectError if proc.returncode == 255 else RemoteCommandError
+            raise err(f"rsync {src} -> {dst} failed (exit {proc.returncode}): {last}", host=self.name)
+
+
+class LocalConnection(Connection):
+    """This machine: commands run as subprocesses (argv, no shell)."""
+
+    def __init__(self, host: Host, timeouts: Timeouts = Timeouts()):
+        self.host, self.timeouts = host, timeouts
+
+    def run(self, argv, *, cwd=None, env=None, check=True, timeout=None, stream=None, input=None):
+        full_env = {**os.environ, **self.host.env, **(env or {})}
+        timeout = timeout if timeout is not None else self.timeouts.command
+        try:
+            proc = subprocess.Popen(
+                [str(a) for a in argv],
+                cwd=cwd,
+                env=full_env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        except OSError as exc:
+            return _check(self.name, argv, RunResult(127, "", f"{argv[0]}: {exc.strerror}"), check)
+        out, err = _pump_local(proc, input, stream, timeout, self.name)
+        return _check(self.name, argv, RunResult(proc.returncode, out, err), check)
+
+    def rsync_to(self, local_path, remote_path, *, delete=False, checksum=False):
+        self._rsync(str(local_path), str(remote_path), None, delete, checksum)
+
+    def rsync_from(self, remote_path, local_path):
+        self._rsync(str(remote_path), str(local_path), None, False)
+
+
+def _pump_local(
+    proc: subprocess.Popen, input: bytes | None, stream: Stream | None, timeout: float | None, host: str
+) -> tuple[str, str]:
+    """Collect stdout, stream stderr line by line (progress), feed stdin; enforce the timeout."""
+    if input:
+        threading.Thread(target=_feed_stdin, args=(proc.stdin, input), daemon=True).start()
+    else:
+        proc.stdin.close()
+    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    splitter = _LineSplitter(stream)
+    deadline = time.monotonic() + timeout if timeout else None
+    open_fds = set(bufs)
+    while open_fds:
+        wait = max(0.0, deadline - time.monotonic()) if deadline else None
+        ready, _, _ = select.select(list(open_fds), [], [], wait)
+        if not ready:
+            proc.kill()
+            proc.wait()
+            raise RemoteCommandError(f"command timed out after {timeout:g}s", host=host)
+        for fd in ready:
+            data = os.read(fd, 65536)
+            if not data:
+                open_fds.discard(fd)
+                continue
+            bufs[fd] += data
+            if fd == proc.stderr.fileno():
+                splitter.feed(data)
+    splitter.flush()
+    proc.wait()
+    out, err = bufs[proc.stdout.fileno()], bufs[proc.stderr.fileno()]
+    proc.stdout.close()
+    proc.stderr.close()
+    return out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def _feed_stdin(pipe, data: bytes) -> None:
+    try:
+        pipe.write(data)
+        pipe.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+class _RecordNewKey(paramiko.MissingHostKeyPolicy):
+    """`--accept-new-host-keys`: remember an unknown key and append it to known_hosts."""
+
+    def __init__(self, known_hosts: Path):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        entry = paramiko.hostkeys.HostKeyEntry([hostname], key)
+        with open(self.known_hosts, "a") as fh:
+            fh.write(entry.to_line())
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+class SSHConnection(Connection):
+    """An SSH host: paramiko (configured by Fabric from ssh_config) for commands, rsync for files."""
+
+    def __init__(self, host: Host, *, accept_new_host_keys: bool = False, timeouts: Timeouts = Timeouts()):
+        import fabric  # heavy import, only when an SSH host is used
+
+        self.host, self.timeouts = host, timeouts
+        self.ssh_config_path = _ssh_config_path(host)
+        try:
+            self._configure(fabric, host, timeouts)
+        except (paramiko.SSHException, ValueError, OSError) as exc:  # ConfigParseError, a non-integer Port, ...
+            where = f"ssh_config {self.ssh_config_path}" if self.ssh_config_path else "the ssh settings"
+            raise ConnectError(
+                f"{where} cannot be used for {host.ssh.host}: {type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}; fix it",
+                host=host.name,
+            ) from None
+        self.known_hosts = _known_hosts_path(self.fc.ssh_config)
+        self._secure(self.fc, accept_new_host_keys)
+        self._open()
+
+    def _configure(self, fabric, host: Host, timeouts: Timeouts) -> None:
+        """Read the ssh_config and build the Fabric connection (and its ProxyJump gateway)."""
+        spec = host.ssh
+        config = fabric.Config(runtime_ssh_path=str(self.ssh_config_path)) if self.ssh_config_path else fabric.Config()
+        connect_kwargs = {"banner_timeout": timeouts.banner, "auth_timeout": timeouts.auth, "allow_agent": False}
+        if spec.identity:
+            identity = Path(spec.identity).expanduser()
+            if not identity.is_file():
+                raise ConnectError(
+                    f"identity file {identity} (ssh.identity in {host.source}) does not exist; "
+                    f"fix the path or create the key",
+                    host=host.name,
+                )
+            connect_kwargs["key_filename"] = [str(identity)]
+        gateway = fabric.Connection(spec.jump, config=config.clone()) if spec.jump else None
+        self.fc = fabric.Connection(
+            spec.host,
+            user=spec.user,
+            port=spec.port,
+            config=config,
+            connect_timeout=int(timeouts.connect),
+            connect_kwargs=connect_kwargs,
+            **({"gateway": gateway} if gateway else {}),
+        )
+
+    def _secure(self, fc, accept_new: bool) -> None:
+        """Strict host keys on this hop and every ProxyJump hop (Fabric would auto-add them)."""
+        while fc is not None and not isinstance(fc, str):
+            if self.known_hosts.exists():
+                fc.client.load_host_keys(str(self.known_hosts))
+            policy = _RecordNewKey(self.known_hosts) if accept_new else paramiko.RejectPolicy()
+            fc.client.set_missing_host_key_policy(policy)
+            fc.connect_kwargs.setdefault("banner_timeout", self.timeouts.banner)
+            fc.connect_kwargs.setdefault("auth_timeout", self.timeouts.auth)
+            fc.connect_timeout = fc.connect_timeout or int(self.timeouts.connect)
+            fc = fc.gateway
+
+    def _open(self) -> None:
+        target = f"{self.fc.user}@{self.fc.host}:{self.fc.port}"
+        gw = self.fc.gateway
+        if gw is not None and not isinstance(gw, str):
+            target += f" (via ProxyJump {gw.user}@{gw.host}:{gw.port})"
+        try:
+            self.fc.open()
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
+            self.close()
+            raise ConnectError(describe_connect_error(exc, target), host=self.name) from None
+        self.fc.transport.set_keepalive(self.timeouts.keepalive)
+
+    def run(self, argv, *, cwd=None, env=None, check=True, timeout=None, stream=None, input=None):
+        words = [*_env_prefix({**self.host.env, **(env or {})}), *argv]
+        line = quote_argv(words)
+        if cwd:
+            line = f"cd {shlex.quote(str(cwd))} && {line}"
+        timeout = timeout if timeout is not None else self.timeouts.command
+        try:
+            chan = self.fc.transport.open_session()
+            chan.exec_command(line)
+            res = _pump_channel(chan, input, stream, timeout, self.name)
+        except (SSHException, OSError, EOFError) as exc:
+            raise ConnectError(
+                f"connection lost while running {argv[0]}: {exc or type(exc).__name__}", host=self.name
+            ) from None
+        return _check(self.name, argv, res, check)
+
+    def ssh_command(self) -> list[str]:
+        """The system ssh with the same config, strict host keys and no prompts (for rsync)."""
+        spec = self.host.ssh
+        cmd = ["ssh"]
+        if self.ssh_config_path:
+            cmd += ["-F", str(self.ssh_config_path)]
+        cmd += [
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            f"ConnectTimeout={int(self.timeouts.connect)}",
+            "-o",
+            f"ServerAliveInterval={self.timeouts.keepalive}",
+        ]
+        if spec.port:
+            cmd += ["-p", str(spec.port)]
+        if spec.user:
+            cmd += ["-l", spec.user]
+        if spec.identity:
+            cmd += ["-i", str(Path(spec.identity).expanduser())]
+        if spec.jump:
+            cmd += ["-J", spec.jump]
+        return cmd
+
+    def _remote(self, path: str) -> str:
+        # rsync parses "host:path" ("a::b" would mean an rsync daemon, so IPv6 goes in brackets);
+        # with -s the path is not given to the remote shell.
+        address = self.host.ssh.host
+        return f"[{address}]:{path}" if ":" in address else f"{address}:{path}"
+
+    def rsync_to(self, local_path, remote_path, *, delete=False, checksum=False):
+        self._rsync(str(local_path), self._remote(str(remote_path)), self.ssh_command(), delete, checksum)
+
+    def rsync_from(self, remote_path, local_path):
+        self._rsync(self._remote(str(remote_path)), str(local_path), self.ssh_command(), False)
+
+    def close(self) -> None:
+        fc = getattr(self, "fc", None)
+        while fc is not None and not isinstance(fc, str):
+            try:
+                fc.close()
+            except Exception:  # noqa: BLE001, S110 - closing a broken connection must not raise
+                pass
+            fc = fc.gateway
+
+
+def _pump_channel(
+    chan: paramiko.Channel, input: bytes | None, stream: Stream | None, timeout: float | None, host: str
+) -> RunResult:
+    if input:
+        chan.sendall(input)
+    chan.shutdown_write()
+    out, err = bytearray(), bytearray()
+    splitter = _LineSplitter(stream)
+    deadline = time.monotonic() + timeout if timeout else None
+    chan.settimeout(0.2)
+    while True:
+        got = False
+        while chan.recv_stderr_ready():
+            data = chan.recv_stderr(65536)
+            err += data
+            splitter.feed(data)
+            got = True
+        try:
+            data = chan.recv(65536)
+            if data:
+                out += data
+                got = True
+            elif chan.exit_status_ready() and not chan.recv_stderr_ready():
+                break
+        except socket.timeout:
+            pass
+        if not got and chan.closed and not chan.recv_ready() and not chan.recv_stderr_ready():
+            break
+        if deadline and time.monotonic() > deadline:
+            chan.close()
+            raise RemoteCommandError(f"command timed out after {timeout:g}s", host=host)
+        transport = chan.get_transport()
+        if transport is None or not transport.is_active():
+            raise EOFError("the SSH transport closed")
+    splitter.flush()
+    rc = chan.recv_exit_status()
+    if rc == -1:  # the channel closed without an exit status: the connection went away
+        raise EOFError("no exit status (connection cut)")
+    return RunResult(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def describe_connect_error(exc: BaseException, target: str) -> str:
+    """One line for a failed connect: what happened and what to do next."""
+    msg = str(exc)
+    if isinstance(exc, BadHostKeyException):
+        return (
+            f"host key for {target} has CHANGED (possible man-in-the-middle); refusing to connect. "
+            f"If the host was reinstalled, verify the new key and remove the old one from known_hosts"
+        )
+    if isinstance(exc, SSHException) and "not found in known_hosts" in msg:
+        return (
+            f"host key for {target} is unknown (not in known_hosts); verify it and rerun with "
+            f"--accept-new-host-keys to record it"
+        )
+    if isinstance(exc, AuthenticationException):
+        return f"authentication refused by {target} ({msg or 'no accepted key'}); check user and identity file"
+    if isinstance(exc, NoValidConnectionsError):
+        return f"{target} is unreachable (connection refused); is sshd running and the address right?"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve {target} ({exc.strerror}); check the address in the inventory or ssh_config"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return f"timed out connecting to {target}; check the network/firewall"
+    if isinstance(exc, SSHException) and ("banner" in msg.lower() or "No existing session" in msg):
+        return f"{target} accepted TCP but sent no SSH banner (banner timeout); is it an SSH server?"
+    if isinstance(exc, OSError):
+        return f"cannot connect to {target}: {exc.strerror or exc}"
+    return f"cannot connect to {target}: {type(exc).__name__}: {msg.splitlines()[0] if msg else ''}"
+
+
+def _ssh_config_path(host: Host) -> Path | None:
+    """Which ssh_config applies (like `ssh -F`, it replaces the user's): the host's `ssh.config`
+    (relative to its YAML file), else $DDEPLOY_SSH_CONFIG, else `ssh_config` next to the host files
+    (inventory level), else the user's ~/.ssh/config, else none."""
+    host_dir = Path(host.source).parent if host.source and not host.source.startswith("<") else None
+    explicit = host.ssh.config if host.ssh else None
+    for cand in (explicit, os.environ.get("DDEPLOY_SSH_CONFIG")):
+        if cand:
+            path = Path(cand).expanduser()
+            if not path.is_absolute() and host_dir is not None:
+                path = host_dir / path
+            if not path.is_file():
+                raise ConnectError(f"ssh_config {path} (from {host.source}) does not exist", host=host.name)
+            return path
+    for path in ((host_dir / "ssh_config") if host_dir else None, Path("~/.ssh/config").expanduser()):
+        if path is not None and path.is_file():
+            return path
+    return None
+
+
+def _known_hosts_path(ssh_config: dict) -> Path:
+    files = ssh_config.get("userknownhostsfile")
+    first = files.split()[0] if isinstance(files, str) and files.strip() else (files[0] if files else None)
+    return Path(first or "~/.ssh/known_hosts").expanduser()
+
+
+def open_connection(host: Host, *, accept_new_host_keys: bool = False, timeouts: Timeouts | None = None) -> Connection:
+    """Connect to a host (raises ConnectError); use as a context manager to close it.
+
+    Timeouts default to the DDEPLOY_*_TIMEOUT settings, so every command honours them."""
+    timeouts = timeouts or Timeouts.from_env()
+    if host.is_local:
+        return LocalConnection(host, timeouts)
+    return SSHConnection(host, accept_new_host_keys=accept_new_host_keys, timeouts=timeouts)

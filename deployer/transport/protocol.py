@@ -1,0 +1,288 @@
+"""The agent protocol: what the client sends and what each agent operation replies, as typed models.
+
+The agent (deployer/transport/agent.py) is stdlib-only and writes plain JSON; the client validates
+every reply into these models, so a foreign or broken agent is one clear error, never a KeyError
+deep in a command. These are also the host's on-disk records as the client sees them (state.json,
+the lock owner, launch.json); the agent alone reads and writes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Record(BaseModel):
+    """Tolerant of fields a newer agent adds; `from` is a Python keyword, hence the aliases."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    def to_data(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+class AgentError(Record):
+    kind: str = "RemoteCommandError"
+    message: str = "unknown agent error"
+
+
+class LockOwner(Record):
+    by: str = "?"
+    user: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    time: float | None = None
+    command: str | None = None
+    alive: bool | None = Field(default=None, description="False: the owner's pid is gone on that host (stale)")
+
+
+class AppliedPatch(Record):
+    name: str
+    sha256: str
+    commit: str
+
+
+class Applied(Record):
+    name: str
+    version: str
+    fingerprint: str
+    patches: list[AppliedPatch] = []
+    files: list[str] = []
+    head: str
+    tree: str | None = None
+    three_way: bool = False
+    by: str | None = None
+    at: str | None = None
+
+
+class PreDeploy(Record):
+    commit: str
+    tree: str | None = None
+    branch: str | None = None
+
+
+class LastAction(Record):
+    action: Literal["push", "rollback"]
+    version: str | None = None
+    from_: str | None = Field(default=None, alias="from")
+    by: str | None = None
+    at: str | None = None
+    saved: str | None = None
+
+
+class BuildModule(Record):
+    module: str | None = None
+    status: str | None = None
+    seconds: float | None = None
+    path: str | None = None
+    reason: str | None = None
+
+
+class BuildRecord(Record):
+    ok: bool | None = None
+    nvcc: str | None = None
+    cuda_home: str | None = None
+    source_hash: str | None = None
+    cache_dir: str | None = None
+    version: str | None = None
+    at: str | None = None
+    modules: list[BuildModule] = []
+    known: dict[str, "BuildRecord"] = {}
+
+
+class TestRecord(Record):
+    __test__ = False  # not a pytest class
+
+    ok: bool | None = None
+    rc: int | None = None
+    version: str | None = None
+    k: str | None = None
+    at: str | None = None
+    report: str | None = None
+    tests: int | None = None
+    passed: int | None = None
+    failed: int | None = None
+    errors: int | None = None
+    skipped: int | None = None
+    duration: float | None = None
+    summary: str | None = None
+
+
+class HostState(Record):
+    """refs/ddeploy/state:state.json (schema 1); the agent's docstring describes the chain."""
+
+    schema_: int = Field(default=1, alias="schema")
+    applied: Applied | None = None
+    pre_deploy: PreDeploy | None = None
+    last: LastAction | None = None
+    builds: dict[str, BuildRecord] = {}
+    tests: TestRecord | None = None
+
+
+class Facts(Record):
+    head: str
+    tree: str | None = None
+    branch: str | None = None
+    state: HostState
+    state_commit: str | None = None
+    drift: list[str] = []
+    lock: LockOwner | None = None
+    journal: bool = False
+
+
+class PlanPatch(Record):
+    name: str
+    files: list[str]
+    ok: bool
+    error: str | None = None
+
+
+class Plan(Record):
+    action: Literal["apply", "replace", "noop", "restore"]
+    version: str
+    from_: str | None = Field(default=None, alias="from")
+    pre_deploy: str
+    head: str
+    files: list[str]
+    patches: list[PlanPatch] = []
+    drift: list[str] = []
+    blocked: str | None = None
+
+
+class Reply(Record):
+    ok: bool
+    error: AgentError | None = None
+
+
+class StatusReply(Reply):
+    facts: Facts
+
+
+class StateReply(Reply):
+    state: HostState
+
+
+class PlanReply(Reply):
+    plan: Plan
+    facts: Facts
+
+
+class PushReply(Reply):
+    changed: bool
+    plan: Plan
+    applied: Applied | None = None
+    saved: str | None = None
+    recovered: bool = False
+
+
+class RollbackReply(Reply):
+    changed: bool
+    message: str | None = None
+    from_: str | None = Field(default=None, alias="from")
+    to: str | None = None
+    head: str | None = None
+    tree: str | None = None
+    saved: str | None = None
+    recovered: bool = False
+
+
+class LogEntry(Record):
+    commit: str
+    date: str
+    message: str
+    last: LastAction | None = None
+
+
+class LogReply(Reply):
+    entries: list[LogEntry]
+
+
+class LockReply(Reply):
+    lock: LockOwner | None
+
+
+class LockReleaseReply(Reply):
+    released: bool
+    lock: LockOwner | None
+
+
+class Toolkit(Record):
+    cuda_home: str
+    nvcc: str
+
+
+class BuildPlan(Record):
+    host: str
+    arch: str
+    capability: tuple[int, int]
+    toolkit: Toolkit
+    source_hash: str
+    version: str
+    gpu: str | None = None
+    cache_dir: str
+    action: Literal["build", "noop"]
+    reason: str
+    key: str
+    previous_cache_dir: str | None = None
+
+
+class BuildReply(Reply):
+    changed: bool
+    plan: BuildPlan
+    build: dict[str, Any] | None = Field(default=None, description="the prebuild's own JSON summary")
+
+
+class SourcesReply(Reply):
+    source_hash: str | None
+
+
+class TestReply(Reply):
+    __test__ = False
+
+    record: TestRecord
+    junit: str | None = Field(default=None, description="the JUnit XML report, None when pytest wrote none")
+    host_report: str
+
+
+class LaunchedUnit(Record):
+    name: str
+    pid: int
+    starttime: str
+    log: str
+
+
+class LaunchRecord(Record):
+    topology: str
+    dir: str
+    state: Literal["running", "stopped"]
+    started_at: str | None = None
+    stopped_at: str | None = None
+    units: list[LaunchedUnit] = []
+
+
+class LaunchReply(Reply):
+    record: LaunchRecord
+
+
+class LogsReply(Reply):
+    rc: int
+    files: list[str]
+
+
+class StopReply(Reply):
+    record: LaunchRecord
+    outcome: dict[str, Literal["terminated", "killed"]]
+
+
+class Target(Record):
+    """What the agent needs to know about the host from the inventory (names its errors too)."""
+
+    name: str
+    source: str
+    python: str
+    arch: str
+    capability: tuple[int, int]
+    model: str
+    cuda_home: str | None = None
+    cache_root: str | None = None
