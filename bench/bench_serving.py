@@ -57,9 +57,12 @@ def harness_root(root: Path | None) -> Path:
 
 def spec_args(draft: Path, budget: int | None) -> list[str]:
     args = [
-        "--speculative-algorithm", "DFLASH",
-        "--speculative-draft-model-path", str(draft),
-        "--speculative-draft-attention-backend", "torch_native",
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-draft-model-path",
+        str(draft),
+        "--speculative-draft-attention-backend",
+        "torch_native",
     ]
     if budget is not None:
         args += ["--speculative-dflash-tree-budget", str(budget)]
@@ -75,7 +78,7 @@ def measure(server, requests: int, new_tokens: int, show: bool, label: str) -> d
         results += server.generate_batch(batch, max_new_tokens=new_tokens)
     metas = [r["meta_info"] for r in results]
     if show:
-        for prompt, result in zip(prompts, results):
+        for prompt, result in zip(prompts, results, strict=True):
             print(f"[{label}] prompt {prompt[:6]}... -> {result['output_ids'][:16]}...")
     accept = statistics.mean(m["spec_accept_length"] for m in metas)
     step_s = statistics.mean(m["e2e_latency"] / m["spec_verify_ct"] for m in metas)
@@ -124,9 +127,7 @@ def main() -> int:
         label = "linear DFlash" if budget is None else f"DDTree B={budget}"
         print(f"bench_serving: {label}: starting the server", file=sys.stderr)
         log = work / f"server-{budget or 'linear'}.log"
-        with launch_server(
-            python_dir, models.target, spec_args(models.draft, budget), log
-        ) as server:
+        with launch_server(python_dir, models.target, spec_args(models.draft, budget), log) as server:
             stats = measure(server, args.requests, args.new_tokens, args.show, label)
         width = models.block_size if budget is None else max(budget + 1, 4)
         tree = None if budget is None else tree_path_ms(budget, 64, models.block_size)
@@ -136,10 +137,7 @@ def main() -> int:
 
 
 def print_table(rows) -> None:
-    header = (
-        "| config | verify width | accept length | drafts/step | step ms | "
-        "tree ms | tree share |"
-    )
+    header = "| config | verify width | accept length | drafts/step | step ms | tree ms | tree share |"
     print(header)
     print("|" + "---|" * 7)
     base = rows[0][2]["accept"]

@@ -29,13 +29,28 @@ BUDGET = 16
 
 
 def _server_args(models, name: str) -> list[str]:
-    base = ["--device", "cuda", "--attention-backend", "triton", "--dtype", "float32",
-            "--max-running-requests", "8", "--mem-fraction-static", "0.3"]
+    base = [
+        "--device",
+        "cuda",
+        "--attention-backend",
+        "triton",
+        "--dtype",
+        "float32",
+        "--max-running-requests",
+        "8",
+        "--mem-fraction-static",
+        "0.3",
+    ]
     if name == "plain":
         return base
-    spec = ["--speculative-algorithm", "DFLASH",
-            "--speculative-draft-model-path", str(models.draft),
-            "--speculative-draft-attention-backend", "triton"]
+    spec = [
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-draft-model-path",
+        str(models.draft),
+        "--speculative-draft-attention-backend",
+        "triton",
+    ]
     if name.startswith("ddtree"):
         spec += ["--speculative-dflash-tree-budget", str(BUDGET)]
     if name == "ddtree-eager":
@@ -48,21 +63,30 @@ def _start(root: Path, models, name: str, log_dir: Path, server_cls):
 
     port = free_port()
     log_path = log_dir / f"{name}.log"
-    command = [sys.executable, "-m", "sglang.launch_server",
-               "--model-path", str(models.target), "--port", str(port),
-               "--host", "127.0.0.1", "--random-seed", "0", *_server_args(models, name)]
+    command = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(models.target),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--random-seed",
+        "0",
+        *_server_args(models, name),
+    ]
     env = dict(os.environ, PYTHONPATH=str(root / "python"), HF_HUB_OFFLINE="1")
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                   env=env, start_new_session=True)
-    server = server_cls(url=f"http://127.0.0.1:{port}", process=process,
-                        log_path=log_path, command=command)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = server_cls(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path, command=command)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"{name}: server exited; see {log_path}")
         try:
-            with urllib.request.urlopen(server.url + "/health", timeout=10) as r:
+            with urllib.request.urlopen(server.url + "/health", timeout=10) as r:  # noqa: S310  (http://127.0.0.1)
                 if r.status == 200:
                     return server
         except OSError:
@@ -90,8 +114,7 @@ def serving_check(root: Path, log_dir: Path, log) -> tuple[bool, str]:
             if name != "plain":
                 stats[name] = (
                     sum(m["spec_accept_length"] for m in metas) / len(metas),
-                    1e3 * sum(m["e2e_latency"] / m["spec_verify_ct"] for m in metas)
-                    / len(metas),
+                    1e3 * sum(m["e2e_latency"] / m["spec_verify_ct"] for m in metas) / len(metas),
                 )
             if name == "ddtree-graph":
                 server.generate(PROMPTS[0], max_new_tokens=16, temperature=0.8)
