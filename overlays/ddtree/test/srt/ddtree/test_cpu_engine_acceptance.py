@@ -1,8 +1,8 @@
-"""Acceptance on the CPU engine: linear DFLASH on the "alternating" tiny models.
+"""Acceptance on the CPU engine: linear DFLASH and DDTree on the "alternating" models.
 
 The target alternates X Y X Y ...; the draft predicts X (then Y) at every depth (see
 ``cpu_engine.models``), so linear DFLASH commits exactly two tokens per verify: a
-fixed, known accept length that DDTree's must beat on the same models.
+fixed, known accept length; DDTree with a 14-node tree accepts the whole block.
 """
 
 from __future__ import annotations
@@ -63,3 +63,26 @@ def test_linear_dflash_accepts_one_draft_per_verify(
         assert meta["spec_accept_length"] == pytest.approx(2.0)
         hist = meta["spec_correct_drafts_histogram"]
         assert hist[:2] == [1, NEW_TOKENS // 2 - 1] and not any(hist[2:])
+
+
+@pytest.mark.slow
+def test_ddtree_accepts_the_whole_block_where_linear_accepts_one_draft(
+    cpu_sglang_python, alt_models, server_log_dir
+):
+    """The draft's top two tokens at every depth, X then Y: a 14-node tree holds
+    the path X Y X (and Y X Y), so every verify accepts all 3 drafts plus the bonus
+    (4 tokens), twice linear DFLASH's 2 on the same models."""
+    args = ("--speculative-algorithm", "DFLASH",
+            "--speculative-draft-model-path", str(alt_models.draft),
+            "--speculative-draft-attention-backend", "torch_native",
+            "--speculative-dflash-tree-budget", "14")
+    with launch_server(cpu_sglang_python, alt_models.target, args,
+                       log_path=server_log_dir / "ddtree-alternating.log") as server:
+        responses = server.generate_batch(PROMPTS, NEW_TOKENS)
+    for r in responses:
+        meta = r["meta_info"]
+        assert r["output_ids"] == _alternation(NEW_TOKENS)
+        # The prefill yields X; then 16 verifies of 4 tokens (the last one cut).
+        assert meta["spec_verify_ct"] == NEW_TOKENS // 4
+        assert meta["spec_accept_length"] == pytest.approx(4.0)
+        assert meta["spec_correct_drafts_histogram"] == [0, 0, 0, NEW_TOKENS // 4]
