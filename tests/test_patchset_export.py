@@ -59,7 +59,14 @@ def test_exported_set_has_headers_series_and_manifest(small_overlay, tmp_path, p
     assert manifest["skipped"] == [{"concern": "retrieve", "reason": "no files or hunks in the overlay"}]
     assert [p["files"] for p in manifest["patches"]] == [
         ["python/ddtree_probe/__init__.py", "test/srt/ddtree/test_probe.py"],
-        ["python/sglang/srt/arg_groups/fields/spec.py", "python/sglang/srt/arg_groups/speculative_hook.py"],
+        [
+            "python/sglang/srt/arg_groups/fields/spec.py",
+            "python/sglang/srt/arg_groups/speculative_hook.py",
+            "python/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+            "python/sglang/srt/speculative/dflash_utils.py",
+            "python/sglang/srt/speculative/dflash_worker_v2.py",
+            "python/sglang/srt/speculative/spec_info.py",
+        ],
     ]
     ps = load_patch_set(d)
     assert [p.concern for p in ps.patches] == ["builder", "wiring"]
