@@ -122,6 +122,8 @@ def test_real_overlay_exports_verifies_and_its_tests_pass_in_the_patched_tree(tm
     if not (overlay / "concerns.yaml").is_file():
         pytest.skip("no overlays/ddtree/concerns.yaml yet")
     monkeypatch.setenv("DDEPLOY_PATCHES_DIR", str(tmp_path / "patches"))
+    # The overlay's real-server tests (minutes each) run once, at the top of this suite.
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-k 'not engine'")
     export_patch_set(overlay, tmp_path / "patches" / "ddtree", date="2026-11-29")
     r = run_main("patches", "verify")
     assert "reversed to the base tree exactly" in r.stderr, r.stderr
