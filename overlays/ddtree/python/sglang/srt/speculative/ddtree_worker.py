@@ -163,19 +163,32 @@ class DDTreeVerifier:
         next_token_logits: Optional[torch.Tensor],
         sampling_info: Any,
         target_predict: Optional[torch.Tensor],
+        draft_input: Any,
         threshold_single: float,
         threshold_acc: float,
     ):
         """Verify the step: (accept_len, commit_lens, bonus, out_tokens, None).
 
         The tuple is ``DFlashWorkerV2._accept_block``'s (no new_seq_lens: the
-        worker derives them from commit_lens).
+        worker derives them from commit_lens). ``draft_input`` carries the batch's
+        host-side top-k bound, so top-k sampling reads nothing back.
         """
         step = self._step
         s = self.config.num_speculative_tokens
         if target_predict is None and not _all_greedy(sampling_info):
+            top_k = {
+                "max_top_k": getattr(draft_input, "max_top_k", None),
+                "uniform_top_k_value": getattr(
+                    draft_input, "uniform_top_k_value", None
+                ),
+            }
             accept = self._accept_sampled(
-                step, next_token_logits, sampling_info, threshold_single, threshold_acc
+                step,
+                next_token_logits,
+                sampling_info,
+                top_k,
+                threshold_single,
+                threshold_acc,
             )
         else:
             if target_predict is None:
@@ -186,7 +199,7 @@ class DDTreeVerifier:
         return accept.accept_len, commit_lens, bonus, out_tokens, None
 
     def _accept_sampled(
-        self, step, logits, sampling_info, threshold_single, threshold_acc
+        self, step, logits, sampling_info, top_k, threshold_single, threshold_acc
     ) -> DDTreeAccept:
         from sglang.srt.speculative.dflash_utils import (
             build_speculative_verify_target_probs,
@@ -202,6 +215,7 @@ class DDTreeVerifier:
                 sampling_info=sampling_info,
                 draft_token_num=width,
                 bs=bs,
+                **top_k,
             )
             return accept_sampling(step, probs, s, threshold_single, threshold_acc)
         self._log_path_once("one target sample per slot, then the greedy walk")
@@ -214,6 +228,7 @@ class DDTreeVerifier:
                 sampling_info=_RowsView(sampling_info, chunk, width),
                 draft_token_num=width,
                 bs=(chunk.stop - chunk.start) // width,
+                **top_k,  # the batch's bound holds for any of its requests
             )
             samples[chunk] = sample_per_slot(probs.view(-1, vocab))
         return accept_by_target_samples(step, samples.view(bs, width), s)
