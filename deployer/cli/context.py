@@ -101,3 +101,36 @@ def fleet_options(fn):
 def selection(ctx: click.Context) -> Selection:
     raw = ctx.meta.get("ddeploy.selection", {})
     return Selection(**{k: raw[k] for k in _SELECTION_KEYS if k in raw})
+
+
+def overlay_option(fn):
+    """`--overlay [DIR]`: a dev snapshot of the overlay's working copy instead of a release (DIR
+    defaults to $DDEPLOY_OVERLAY_DIR, else the checkout's overlays/ddtree)."""
+    return click.option(
+        "--overlay",
+        "overlay",
+        is_flag=False,
+        flag_value="",
+        default=None,
+        metavar="[DIR]",
+        help="Use a dev snapshot of the overlay's working copy (DIR, default: the active overlay), not a release.",
+    )(fn)
+
+
+def chosen_set(version: str | None, overlay: str | None):
+    """The patch set a command works with: a release (`--version`, default latest) or, with
+    --overlay, the overlay's dev snapshot (exported once per content, kept in the cache)."""
+    from ..patchset import load_patch_set
+
+    if overlay is None:
+        return load_patch_set(version)
+    if version is not None:
+        raise UsageError("--overlay uses a dev snapshot of the overlay; drop --version (or drop --overlay)")
+    from ..locations import active_overlay_dir
+    from ..patchset.snapshot import dev_snapshot
+    from .output import say
+
+    path = Path(overlay) if overlay else active_overlay_dir()
+    ps = dev_snapshot(path)
+    say(f"dev snapshot {ps.name} {ps.version} of {path} ({len(ps.patches)} patches, {ps.path})")
+    return ps

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import click
 
+from ..errors import UsageError
 from .app import cli
-from .context import AppContext, fleet_options, selection
+from .context import AppContext, chosen_set, fleet_options, overlay_option, selection
 from .fleet import run
 from .output import emit_json, say, table
 
@@ -27,13 +28,16 @@ def _push_args(fn):
         "--version",
         "-V",
         "version",
-        default="latest",
-        show_default=True,
-        help="Patch set: a released version, `latest`, or a patch-set directory.",
+        default=None,
+        help="Patch set: a released version, `latest` (the default), or a patch-set directory.",
     )(fn)
+    fn = overlay_option(fn)
     fn = click.option(
         "--3way", "three_way", is_flag=True, help="Fall back to a 3-way merge when a patch does not apply."
     )(fn)
+    fn = click.option("--diff", "diff", is_flag=True, help="With the plan: the unified diff push would make per host.")(
+        fn
+    )
     return fn
 
 
@@ -49,13 +53,14 @@ def _push_args(fn):
     help="After a successful apply that changed kernel sources, build the kernels (ddeploy build).",
 )
 @click.pass_context
-def push(ctx, version, three_way, dry_run, force, build_after):
+def push(ctx, version, overlay, three_way, diff, dry_run, force, build_after):
     """Apply a patch set to the hosts' SGLang checkouts (atomically, recorded in git on the host)."""
     from ..ops.deploy import push_host
-    from ..patchset import load_patch_set
 
-    ps = load_patch_set(version)  # verified (checksums, path safety) before any host is touched
-    opts = _deploy_options(ctx, dry_run=dry_run, three_way=three_way, force=force)
+    if diff and not dry_run:
+        raise UsageError("--diff shows what push would change; add --dry-run (or use `ddeploy plan --diff`)")
+    ps = chosen_set(version, overlay)  # verified (checksums, path safety) before any host is touched
+    opts = _deploy_options(ctx, dry_run=dry_run, three_way=three_way, force=force, diff=diff)
     op, describe = (lambda h, say: push_host(h, ps, opts, say)), (lambda res: _views().describe_push(res, ps))
     if build_after and not dry_run:
         from ..ops.kernel_build import BuildOptions, push_then_build
@@ -63,22 +68,34 @@ def push(ctx, version, three_way, dry_run, force, build_after):
         bopts = BuildOptions(accept_new_host_keys=opts.accept_new_host_keys, command=opts.command)
         op = lambda h, say: push_then_build(h, ps, opts, bopts, say)  # noqa: E731
         describe = lambda res: _views().describe_push_build(res, ps)  # noqa: E731
-    run(ctx.obj, selection(ctx), op, describe)
+    run(ctx.obj, selection(ctx), op, describe, report=_plan_report(ctx, describe) if diff else None)
 
 
 @cli.command()
 @fleet_options
 @_push_args
 @click.pass_context
-def plan(ctx, version, three_way):
+def plan(ctx, version, overlay, three_way, diff):
     """What `push` would do per host (patches, files, conflicts, drift); writes nothing."""
     from ..ops.deploy import plan_host
-    from ..patchset import load_patch_set
 
-    ps = load_patch_set(version)
-    opts = _deploy_options(ctx, dry_run=True, three_way=three_way)
+    ps = chosen_set(version, overlay)
+    opts = _deploy_options(ctx, dry_run=True, three_way=three_way, diff=diff)
     op = lambda h, say: plan_host(h, ps, opts, say)  # noqa: E731
-    run(ctx.obj, selection(ctx), op, lambda res: _views().describe_push(res, ps))
+    describe = lambda res: _views().describe_push(res, ps)  # noqa: E731
+    run(ctx.obj, selection(ctx), op, describe, report=_plan_report(ctx, describe) if diff else None)
+
+
+def _plan_report(ctx: click.Context, describe):
+    """--diff: each host's diff on stdout (coloured on a terminal; --json carries it instead), then the table."""
+
+    def report(results) -> str:
+        if not selection(ctx).as_json:
+            for text in _views().plan_diffs(results):
+                click.echo(text, nl=False)
+        return _views().summary_table(results, describe)
+
+    return report
 
 
 @cli.command()

@@ -9,7 +9,7 @@ import click
 
 from ..errors import UsageError
 from .app import cli
-from .context import fleet_options, selection
+from .context import chosen_set, fleet_options, overlay_option, selection
 from .fleet import run
 
 
@@ -23,9 +23,13 @@ from .fleet import run
     type=click.Path(file_okay=False, path_type=Path),
     help="Where JUnit reports land (default: <cache>/test-reports/<host>/).",
 )
+@overlay_option
 @click.pass_context
-def test_cmd(ctx, remote, expr, version, report_dir):
-    """Run the overlay's unit tests (test/srt/ddtree) on hosts, or locally."""
+def test_cmd(ctx, remote, expr, version, report_dir, overlay):
+    """Run the overlay's unit tests (test/srt/ddtree) on hosts, or locally.
+
+    With --remote --overlay, the overlay's working copy is pushed first as a dev snapshot (a no-op
+    when unchanged) and its tests run on the hosts."""
     from ..inventory import local_host
     from ..ops.overlay_tests import TestOptions, test_host, test_local
     from ..patchset import load_patch_set
@@ -33,9 +37,13 @@ def test_cmd(ctx, remote, expr, version, report_dir):
     sel = selection(ctx)
     if not remote and sel.given:
         raise UsageError("--host/--group/--all select hosts for --remote; add --remote (or drop them to test locally)")
+    if overlay is not None and version is not None:
+        raise UsageError("--overlay tests a dev snapshot of the overlay; drop --version (or drop --overlay)")
     opts = TestOptions(
         expr=expr,
         requested=load_patch_set(version) if version else None,
+        snapshot=chosen_set(None, overlay) if remote and overlay is not None else None,
+        overlay=Path(overlay) if overlay else None,
         report_dir=report_dir,
         accept_new_host_keys=sel.accept_new_host_keys,
         command=ctx.obj.command,

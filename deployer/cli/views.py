@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import click
+
 from ..errors import ConnectError
 from ..ops.fleet import HostResult
 from ..ops.deploy import HostStatus
@@ -30,28 +32,66 @@ def summary(result: HostResult, describe_ok) -> str:
     return describe_ok(result.outcome.result) if result.ok else result.message
 
 
+def set_label(name: str, version: str, dev: bool) -> str:
+    return f"{name} {'dev snapshot ' if dev else ''}{version}"
+
+
 def describe_plan(plan: Plan, ps: PatchSet) -> str:
+    label = set_label(ps.name, ps.version, ps.dev)
     if plan.blocked:
         return f"blocked: {plan.blocked}"
     if plan.action == "noop":
-        return f"no change ({ps.name} {ps.version} already applied)"
+        return f"no change ({label} already applied)"
     if plan.action == "restore":
-        return f"would save hand edits and restore {ps.name} {ps.version}"
+        return f"would save hand edits and restore {label}"
     verb = f"replace {plan.from_} with" if plan.action == "replace" else "apply"
-    return f"would {verb} {ps.name} {ps.version} ({len(ps.patches)} patches, {len(ps.files)} files)"
+    return f"would {verb} {label} ({len(ps.patches)} patches, {len(ps.files)} files)"
 
 
 def describe_push(res: PushReply | PlanReply, ps: PatchSet) -> str:
     if isinstance(res, PlanReply):
-        return describe_plan(res.plan, ps)
+        return describe_plan(res.plan, ps) + diff_note(res)
+    label = set_label(ps.name, ps.version, ps.dev)
     if not res.changed or res.applied is None:
-        return f"unchanged ({ps.name} {ps.version} already applied)"
+        return f"unchanged ({label} already applied)"
     over = f" over {res.plan.from_}" if res.plan.from_ else ""
     saved = f"; hand edits saved as {res.saved}" if res.saved else ""
-    return (
-        f"applied {ps.name} {ps.version}{over} ({len(res.applied.patches)} patches, "
-        f"head {res.applied.head[:12]}){saved}"
-    )
+    return f"applied {label}{over} ({len(res.applied.patches)} patches, head {res.applied.head[:12]}){saved}"
+
+
+def diff_note(res: PlanReply) -> str:
+    d = res.diff
+    if d is None:
+        return ""
+    if d.text is None:
+        return f"; {d.note}"
+    cut = f", cut at {len(d.text)} of {d.bytes} bytes" if d.truncated else ""
+    return f"; diff: {len(d.files)} file(s){cut}"
+
+
+def plan_diffs(results: list[HostResult]) -> list[str]:
+    """Each planned host's diff under a `# host` header, styled (click.echo drops it off a terminal)."""
+    out = []
+    for r in results:
+        d = r.outcome.result.diff if r.ok and isinstance(r.outcome.result, PlanReply) else None
+        if d is None or not d.text:
+            continue
+        lines = [click.style(f"# {r.host}: {len(d.files)} file(s) would change", bold=True)]
+        lines += [_diff_line(ln) for ln in d.text.splitlines()]
+        if d.truncated:
+            lines.append(click.style(f"# {r.host}: diff cut at {len(d.text)} of {d.bytes} bytes", fg="yellow"))
+        out.append("\n".join(lines) + "\n")
+    return out
+
+
+def _diff_line(line: str) -> str:
+    if line.startswith(("+++", "---", "diff ", "index ")):
+        return click.style(line, bold=True)
+    if line.startswith("@@"):
+        return click.style(line, fg="cyan")
+    if line.startswith(("+", "-")):
+        return click.style(line, fg="green" if line[0] == "+" else "red")
+    return line
 
 
 def describe_push_build(res: PushBuild | PlanReply, ps: PatchSet) -> str:
@@ -106,7 +146,7 @@ def describe_log(res: LogReply) -> str:
 
 def applied_text(status: HostStatus) -> str:
     a = status.applied
-    return f"{a.name} {a.version}" if a else "none"
+    return set_label(a.name, a.version, a.dev) if a else "none"
 
 
 def drift_text(status: HostStatus) -> str:

@@ -45,6 +45,7 @@ class Options:
     accept_new_host_keys: bool = False
     command: str = "ddeploy"
     to: str | None = None
+    diff: bool = False  # plan / push --dry-run: also the unified diff push would make
 
 
 class HostStatus(Record):
@@ -93,6 +94,7 @@ def set_request(ps: PatchSet, *, remote_dir: str | None, inline: bool) -> dict[s
         "fingerprint": ps.fingerprint(),
         "base_tree": ps.base_tree,
         "base_version": ps.base_version,
+        "dev": ps.dev,
         "files": ps.files,
         "patches": patches,
         "dir": remote_dir,
@@ -106,6 +108,7 @@ def options_request(opts: Options) -> dict[str, Any]:
             "force": opts.force,
             "three_way": opts.three_way,
             "to": opts.to,
+            "diff": opts.diff,
             "pause": os.environ.get("DDEPLOY_TEST_AGENT_PAUSE", ""),
         }
     }
@@ -150,7 +153,8 @@ def push_with(agent: AgentSession, ps: PatchSet, opts: Options, say: Say) -> Pus
     res = agent.call("push", request, PushReply, stream=say, passthrough=("NeedShip",))
     if isinstance(res, PushReply):
         return res
-    say(f"shipping {ps.name} {ps.version} ({len(ps.patches)} patches) to {remote_dir}")
+    kind = "dev snapshot " if ps.dev else ""
+    say(f"shipping {ps.name} {kind}{ps.version} ({len(ps.patches)} patches) to {remote_dir}")
     request["set"] = set_request(ps, remote_dir=remote_dir, inline=True)
     return agent.call("push", request, PushReply, stream=say)
 

@@ -1,6 +1,8 @@
 """`ddeploy test`: the overlay's unit tests (shipped in the patch set under test/srt/ddtree/), on
 hosts with the host's python against the patched checkout, or locally against the overlay.
 
+With --overlay, the overlay's dev snapshot (deployer/patchset/snapshot.py) is pushed first on the
+same connection, a no-op when it is already applied, and the tests then require exactly it.
 On a host the agent does it in one call: refuse unless a patch set is applied (and, with
 --version, unless it is that set), run pytest with a JUnit report inside the checkout's .git
 (the work tree stays clean) and its output streamed as `[host] ...`, record the totals in the
@@ -21,8 +23,9 @@ from ..errors import DeployError, OverlayTestsFailed
 from ..inventory import Host, local_host
 from ..patchset import PatchSet
 from ..locations import active_overlay_dir, cache_dir
-from ..transport.agent_client import agent_session
+from ..transport.agent_client import AgentSession, agent_session
 from ..transport.protocol import TestRecord, TestReply
+from .deploy import Options, ensure_local_checkout, push_with
 from .outcome import Outcome, Say
 
 TEST_DIR = "test/srt/ddtree"
@@ -34,6 +37,8 @@ class TestOptions:
 
     expr: str | None = None
     requested: PatchSet | None = None
+    snapshot: PatchSet | None = None  # --overlay: the dev snapshot pushed before the tests run
+    overlay: Path | None = None  # the overlay a local run tests (default: the active overlay)
     report_dir: Path | None = None
     accept_new_host_keys: bool = False
     command: str = "ddeploy test"
@@ -96,10 +101,30 @@ def verdict(host: str, record: TestRecord) -> Outcome:
 
 
 def test_host(host: Host, opts: TestOptions, say: Say) -> Outcome:
-    """Run the overlay tests of the applied patch set on one host (see the module docstring)."""
-    run = stamp()
+    """Run the overlay tests of the applied patch set on one host (see the module docstring); with
+    a dev snapshot, push it first on the same connection (a no-op when it is already applied)."""
+    snapshot = opts.snapshot
+    if snapshot is not None:
+        ensure_local_checkout(host, say)
+    with agent_session(host, accept_new_host_keys=opts.accept_new_host_keys, command=opts.command) as agent:
+        pushed = None if snapshot is None else push_with(agent, snapshot, push_options(opts), say)
+        local, res = run_tests(agent, opts, say)
+    if res.junit is not None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_text(res.junit)
+    outcome = verdict(host.name, res.record)
+    return Outcome(outcome.result, changed=bool(pushed and pushed.changed))
+
+
+def push_options(opts: TestOptions) -> Options:
+    return Options(accept_new_host_keys=opts.accept_new_host_keys, command=opts.command)
+
+
+def run_tests(agent: AgentSession, opts: TestOptions, say: Say) -> tuple[Path, TestReply]:
+    """One `test` call: the local path its JUnit report belongs at, and the agent's reply."""
+    host, run = agent.host, stamp()
     local = opts.reports / host.name / f"{run}.xml"
-    requested = opts.requested
+    requested = opts.snapshot or opts.requested
     request = {
         "target": {"name": host.name, "python": host.python},
         "stamp": run,
@@ -109,17 +134,12 @@ def test_host(host: Host, opts: TestOptions, say: Say) -> Outcome:
         if requested is None
         else {"name": requested.name, "version": requested.version, "fingerprint": requested.fingerprint()},
     }
-    with agent_session(host, accept_new_host_keys=opts.accept_new_host_keys, command=opts.command) as agent:
-        res = agent.call("test", request, TestReply, stream=say)
-    if res.junit is not None:
-        local.parent.mkdir(parents=True, exist_ok=True)
-        local.write_text(res.junit)
-    return verdict(host.name, res.record)
+    return local, agent.call("test", request, TestReply, stream=say)
 
 
 def test_local(opts: TestOptions, say: Say) -> Outcome:
     """The same suite on this machine, against the overlay ($DDEPLOY_OVERLAY_DIR or overlays/ddtree)."""
-    overlay = active_overlay_dir()
+    overlay = opts.overlay or active_overlay_dir()
     conn = LocalConnection(local_host())
     local = opts.reports / "local" / f"{stamp()}.xml"
     local.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ export.py        overlay -> released set (one git-format patch per concern, seri
 release.py       a released set on disk, loaded and verified (PatchSet, load_patch_set)
 path_safety.py   refuses patch paths outside the checkout (absolute, .., .git/, symlinks)
 verify.py        `patches verify`: strict apply to a base clone, reverse check, overlay tests
+snapshot.py      dev snapshots: the overlay's working copy as an unreleased, cached set
 compare.py       `patches diff`: what changed between two released sets, per patch
 sglang_base.py   the pristine SGLang base git repository, built from the PyPI wheel
 local_git.py     git on this machine with a clean, reproducible environment

@@ -30,6 +30,7 @@ from .path_safety import patch_paths
 from ..locations import PATCH_SET_NAME, patch_set_root
 
 VERSION_RE = re.compile(r"^\d+\.\d+\.\d+\Z")
+DEV_TAG = "+dev."  # a dev snapshot's version: <newest release>+dev.<content hash> (snapshot.py)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,11 @@ class PatchSet:
     @property
     def ident(self) -> str:
         return f"{self.name}/{self.version}"
+
+    @property
+    def dev(self) -> bool:
+        """A dev snapshot of the overlay's working copy, not a release."""
+        return DEV_TAG in self.version
 
     @property
     def files(self) -> list[str]:

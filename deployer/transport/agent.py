@@ -30,8 +30,9 @@ This program alone reads and writes the host's records (the client only sees its
     .git/ddeploy/sets/      shipped patch sets; test-reports/, pycache/ (kept out of the work tree)
     <launch_dir>/launch.json   the last launch (topology, units with pid, start time, log, state)
 state.json (schema 1; absent keys mean "never happened"): applied {name, version, fingerprint,
-patches [{name, sha256, commit}], files, head, tree, three_way, by, at}, pre_deploy {commit,
-tree, branch}, last {action, version, from, by, at, saved}, builds {arch: {ok, nvcc, cuda_home,
+patches [{name, sha256, commit}], files, head, tree, three_way, dev, by, at} (dev: a dev snapshot
+of the overlay, not a release), pre_deploy {commit, tree, branch}, last {action, version, dev,
+from, by, at, saved}, builds {arch: {ok, nvcc, cuda_home,
 source_hash, cache_dir, version, at, modules, known}}, tests {ok, rc, version, k, at, report,
 tests, passed, failed, errors, skipped, duration, summary}; the client's models of these are in
 deployer/transport/protocol.py.
@@ -603,20 +604,23 @@ def _push_apply(repo: Repo, req: dict, f: dict, p: dict, patches: list, saved) -
         "head": target,
         "tree": repo.rev(target + "^{tree}"),
         "three_way": bool(opts.get("three_way")),
+        "dev": bool(spec.get("dev")),
         "by": req.get("by"),
         "at": now(),
     }
     last = {
         "action": "push",
         "version": spec["version"],
+        "dev": applied["dev"],
         "from": applied_before and applied_before["version"],
         "by": req.get("by"),
         "at": applied["at"],
         "saved": saved,
     }
-    message = "push %s %s%s by %s" % (
+    message = "push %s %s%s%s by %s" % (
         spec["name"],
         spec["version"],
+        " (dev snapshot)" if applied["dev"] else "",
         " over %s" % last["from"] if last["from"] else "",
         req.get("by"),
     )
@@ -757,9 +761,58 @@ def op_plan(repo: Repo, req: dict) -> dict:
     try:
         patches = load_patches(req, workdir)
         f = facts(repo)
-        return {"ok": True, "plan": plan(repo, req, f, patches), "facts": f}
+        p = plan(repo, req, f, patches)
+        out = {"ok": True, "plan": p, "facts": f}
+        if req.get("options", {}).get("diff"):
+            out["diff"] = plan_diff(repo, req, f, p, patches)
+        return out
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- plan --diff
+DIFF_LIMIT = 512 * 1024  # bytes of diff text sent back per host; the rest is cut at a line end
+DIFF_ARGS = ("diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", "--binary")
+
+
+def series_tree(repo: Repo, pre: str, patches: list, three_way: bool):
+    """The tree push would commit: the series applied to pre in a throwaway index; None if it fails."""
+    tmp = tempfile.mkdtemp(prefix="ddeploy-diff-")
+    env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+    try:
+        repo.run("read-tree", pre, env=env)
+        for _name, path, _sha, _files in patches:
+            args = ["apply", "--cached"] + (["--3way"] if three_way else []) + [path]
+            if repo.run(*args, env=env, check=False).returncode != 0:
+                return None
+        p = repo.run("write-tree", env=env, check=False)
+        return p.stdout.decode().strip() if p.returncode == 0 else None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def plan_diff(repo: Repo, req: dict, f: dict, p: dict, patches: list) -> dict:
+    """The unified diff from HEAD's tree to the tree push would switch to, over the set's files
+    and the applied set's files (hand edits in the work tree are the plan's drift, not diffed)."""
+    applied = f["state"].get("applied") or {}
+    files = sorted(set(req["set"]["files"]) | set(applied.get("files", [])))
+    out = {"files": [], "text": "", "bytes": 0, "truncated": False, "note": None}
+    if p["action"] in ("noop", "restore"):
+        target = applied["head"] + "^{tree}"
+    else:
+        target = series_tree(repo, p["pre_deploy"], patches, req.get("options", {}).get("three_way", False))
+    if target is None:
+        return dict(out, text=None, note="no diff: the series does not apply on %s" % p["pre_deploy"][:12])
+    names = repo.out("diff", "--no-renames", "--name-only", "-z", f["head"], target, "--", *files)
+    out["files"] = [n for n in names.split("\0") if n]
+    if not out["files"]:
+        return out
+    raw = repo.run(*DIFF_ARGS, f["head"], target, "--", *files).stdout
+    out["bytes"] = len(raw)
+    if len(raw) > DIFF_LIMIT:
+        raw, out["truncated"] = raw[: raw.rfind(b"\n", 0, DIFF_LIMIT) + 1], True
+    out["text"] = raw.decode(errors="replace")
+    return out
 
 
 def op_log(repo: Repo, req: dict) -> dict:

@@ -52,6 +52,7 @@ class Applied(Record):
     head: str
     tree: str | None = None
     three_way: bool = False
+    dev: bool = Field(default=False, description="a dev snapshot of the overlay (push --overlay), not a release")
     by: str | None = None
     at: str | None = None
 
@@ -65,6 +66,7 @@ class PreDeploy(Record):
 class LastAction(Record):
     action: Literal["push", "rollback"]
     version: str | None = None
+    dev: bool = False
     from_: str | None = Field(default=None, alias="from")
     by: str | None = None
     at: str | None = None
@@ -163,9 +165,20 @@ class StateReply(Reply):
     state: HostState
 
 
+class PlanDiff(Record):
+    """`plan --diff`: HEAD's tree -> the tree push would switch to, over the old and new sets' files."""
+
+    files: list[str] = []
+    text: str | None = Field(default=None, description="the unified diff; None when the series does not apply")
+    bytes: int = Field(default=0, description="the whole diff's size; text holds at most the agent's DIFF_LIMIT")
+    truncated: bool = False
+    note: str | None = None
+
+
 class PlanReply(Reply):
     plan: Plan
     facts: Facts
+    diff: PlanDiff | None = None
 
 
 class PushReply(Reply):
