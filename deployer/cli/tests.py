@@ -3,11 +3,13 @@ locally against the overlay."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
-from ..errors import UsageError
+from ..errors import DeployError, UsageError
+from .output import say
 from .app import cli
 from .context import chosen_set, fleet_options, overlay_option, selection
 from .fleet import run
@@ -24,14 +26,14 @@ from .fleet import run
     help="Where JUnit reports land (default: <cache>/test-reports/<host>/).",
 )
 @overlay_option
+@click.option("--watch", is_flag=True, help="With --remote --overlay: run again on every change of the overlay.")
 @click.pass_context
-def test_cmd(ctx, remote, expr, version, report_dir, overlay):
+def test_cmd(ctx, remote, expr, version, report_dir, overlay, watch):
     """Run the overlay's unit tests (test/srt/ddtree) on hosts, or locally.
 
     With --remote --overlay, the overlay's working copy is pushed first as a dev snapshot (a no-op
-    when unchanged) and its tests run on the hosts."""
-    from ..inventory import local_host
-    from ..ops.overlay_tests import TestOptions, test_host, test_local
+    when unchanged) and its tests run on the hosts; --watch repeats that after every save."""
+    from ..ops.overlay_tests import TestOptions
     from ..patchset import load_patch_set
 
     sel = selection(ctx)
@@ -39,26 +41,53 @@ def test_cmd(ctx, remote, expr, version, report_dir, overlay):
         raise UsageError("--host/--group/--all select hosts for --remote; add --remote (or drop them to test locally)")
     if overlay is not None and version is not None:
         raise UsageError("--overlay tests a dev snapshot of the overlay; drop --version (or drop --overlay)")
+    if watch and not (remote and overlay is not None):
+        raise UsageError("--watch repeats `test --remote --overlay` on every change; add --remote and --overlay")
     opts = TestOptions(
         expr=expr,
         requested=load_patch_set(version) if version else None,
-        snapshot=chosen_set(None, overlay) if remote and overlay is not None else None,
         overlay=Path(overlay) if overlay else None,
         report_dir=report_dir,
         accept_new_host_keys=sel.accept_new_host_keys,
         command=ctx.obj.command,
     )
-    if remote:
-        run(ctx.obj, sel, lambda h, say: test_host(h, opts, say), _views().describe_test, report=_views().test_table)
+    if watch:
+        _watch(ctx.obj, sel, opts, overlay)
     else:
-        run(
-            ctx.obj,
-            sel,
-            lambda h, say: test_local(opts, say),
-            _views().describe_test,
-            report=_views().test_table,
-            hosts=[local_host()],
-        )
+        _test_once(ctx.obj, sel, opts, remote, overlay)
+
+
+def _test_once(app, sel, opts, remote: bool, overlay: str | None) -> None:
+    from ..inventory import local_host
+    from ..ops.overlay_tests import test_host, test_local
+
+    views = _views()
+    if remote:
+        opts = replace(opts, snapshot=chosen_set(None, overlay) if overlay is not None else None)
+        run(app, sel, lambda h, say: test_host(h, opts, say), views.describe_test, report=views.test_table)
+    else:
+        local = [local_host()]
+        run(app, sel, lambda h, say: test_local(opts, say), views.describe_test, report=views.test_table, hosts=local)
+
+
+def _watch(app, sel, opts, overlay: str) -> None:
+    """Test, then again after every change of the overlay; a failed round is reported, not fatal;
+    Ctrl-C stops (exit 0)."""
+    from ..locations import active_overlay_dir
+    from ..patchset.snapshot import overlay_digest, wait_for_change
+
+    path = Path(overlay) if overlay else active_overlay_dir()
+    try:
+        while True:
+            digest = overlay_digest(path)
+            try:
+                _test_once(app, sel, opts, True, str(path))
+            except DeployError as exc:
+                click.echo(f"ddeploy: error: {exc}", err=True)
+            say(f"watching {path} for changes (Ctrl-C stops)")
+            wait_for_change(path, digest)
+    except KeyboardInterrupt:
+        say("stopped watching")
 
 
 def _views():

@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from time import sleep
 
 from ..errors import PatchSetError
 from ..locations import cache_dir
@@ -41,6 +42,23 @@ def content_hash(overlay_path: Path) -> str:
         h.update(f"{rel}\0{int(os.access(path, os.X_OK))}\0{len(data)}\0".encode())
         h.update(data)
     return h.hexdigest()
+
+
+def overlay_digest(overlay_path: Path) -> str:
+    """content_hash, or the error that stops an export (a half-saved concerns.yaml is a state too)."""
+    try:
+        return content_hash(overlay_path)
+    except (PatchSetError, OSError) as exc:
+        return f"error: {exc}"
+
+
+def wait_for_change(overlay_path: Path, digest: str, interval: float = 0.5) -> str:
+    """Poll until the overlay's content differs from `digest` (`test --watch`); the new digest."""
+    while True:
+        sleep(interval)
+        now = overlay_digest(overlay_path)
+        if now != digest:
+            return now
 
 
 def snapshot_version(digest: str, releases: Path | None = None) -> str:

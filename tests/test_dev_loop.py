@@ -1,0 +1,139 @@
+"""The overlay developer's loop on a real sshd host: edit the overlay, `test --remote --overlay`
+ships it as a dev snapshot and runs its tests there, a second run pushes nothing, and a release
+pushed afterwards replaces the snapshot."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+import yaml
+
+from deployer.patchset.export import export_patch_set
+from patchset_fixtures import SMALL_CONCERNS, make_overlay, patches_root  # noqa: F401
+
+pytestmark = pytest.mark.sshd
+
+PROBE = "python/ddtree_probe/__init__.py"
+# The host's run leaves the module's MARK where the test can read it: proof of the bytes it ran.
+PROBE_TEST = """from pathlib import Path
+
+import ddtree_probe
+
+
+def test_probe_runs_from_the_patched_checkout():
+    checkout = Path.cwd().resolve()
+    assert Path(ddtree_probe.__file__).resolve().is_relative_to(checkout / "python")
+    (checkout / ".git" / "ddeploy" / "probe-mark").write_text(ddtree_probe.MARK)
+"""
+
+
+def state_of(host) -> dict:
+    return json.loads(host.git("cat-file", "blob", "refs/ddeploy/state:state.json"))
+
+
+def mark_overlay(tmp_path, mark: str):
+    concerns = {**SMALL_CONCERNS, "concerns": [c for c in SMALL_CONCERNS["concerns"] if c["id"] != "retrieve"]}
+    overlay = make_overlay(tmp_path / "overlay", concerns=concerns)
+    (overlay / PROBE).write_text(f'MARK = "{mark}"\n')
+    (overlay / "test/srt/ddtree/test_probe.py").write_text(PROBE_TEST)
+    return overlay
+
+
+@pytest.fixture
+def k1(cli, python_hosts):
+    yield python_hosts.hosts[0]
+    cli("rollback", "--host", "k1", "--force", inventory=python_hosts.inventory_dir)  # pristine again
+
+
+def test_edit_test_remote_again_then_a_release_replaces_the_snapshot(cli, python_hosts, k1, patches_root, tmp_path):
+    overlay = mark_overlay(tmp_path, "released")
+    export_patch_set(overlay, patches_root, version="0.3.0", date="2026-11-29")
+    (overlay / PROBE).write_text('MARK = "edited"\n')  # the developer's edit, not released
+
+    def dev_test():
+        args = ("test", "--remote", "--host", "k1", "--overlay", str(overlay), "-k", "probe")
+        return cli(*args, "--report-dir", str(tmp_path / "reports"), "--json", inventory=python_hosts.inventory_dir)
+
+    first = dev_test()
+    assert first.code == 0, first.stderr
+    applied = state_of(k1)["applied"]
+    version = applied["version"]
+    assert version.startswith("0.3.0+dev.") and applied["dev"] is True
+    assert f"[k1] shipping ddtree dev snapshot {version} (2 patches)" in first.stderr
+    assert (k1.checkout / ".git/ddeploy/probe-mark").read_text() == "edited"  # the host ran the edit
+    assert (k1.checkout / PROBE).read_text() == 'MARK = "edited"\n'
+    [report] = (tmp_path / "reports" / "k1").glob("*.xml")
+    suite = ET.parse(report).getroot().find("testsuite")  # noqa: S314 - our own pytest's report
+    assert (suite.get("tests"), suite.get("failures")) == ("1", "0")
+    assert json.loads(first.stdout)[0]["changed"] is True and state_of(k1)["tests"]["version"] == version
+
+    (k1.checkout / ".git/ddeploy/probe-mark").unlink()
+    second = dev_test()
+    assert second.code == 0, second.stderr
+    assert f"ddtree {version} is already applied; nothing to do" in second.stderr and "shipping" not in second.stderr
+    assert state_of(k1)["applied"]["at"] == applied["at"] and json.loads(second.stdout)[0]["changed"] is False
+    assert (k1.checkout / ".git/ddeploy/probe-mark").read_text() == "edited"  # the tests ran again
+
+    status = cli("status", "--host", "k1", inventory=python_hosts.inventory_dir)
+    assert f"ddtree dev snapshot {version}" in status.stderr
+    log = cli("log", "--host", "k1", inventory=python_hosts.inventory_dir)
+    assert f"push ddtree {version} (dev snapshot)" in log.stderr
+
+    release = cli("push", "--host", "k1", "--version", "0.3.0", inventory=python_hosts.inventory_dir)
+    assert release.code == 0, release.stderr
+    assert f"applied ddtree 0.3.0 over {version}" in release.stderr
+    applied = state_of(k1)["applied"]
+    assert (applied["version"], applied["dev"]) == ("0.3.0", False)
+    assert (k1.checkout / PROBE).read_text() == 'MARK = "released"\n' and k1.git("status", "--porcelain") == ""
+    assert sorted(d.name for d in patches_root.iterdir()) == ["0.3.0"]  # the snapshot never became a release
+
+
+def test_a_second_edit_is_a_new_snapshot_replacing_the_first(cli, python_hosts, k1, patches_root, tmp_path):
+    overlay = mark_overlay(tmp_path, "one")
+    push = ("push", "--host", "k1", "--overlay", str(overlay), "--json")
+    r = cli(*push, inventory=python_hosts.inventory_dir)
+    assert r.code == 0, r.stderr
+    one = state_of(k1)["applied"]["version"]
+    assert one.startswith("0.0.0+dev.")  # nothing released under this patches root
+    (overlay / PROBE).write_text('MARK = "two"\n')
+    plan = cli(
+        "plan", "--host", "k1", "--overlay", str(overlay), "--diff", "--json", inventory=python_hosts.inventory_dir
+    )
+    assert plan.code == 0, plan.stderr
+    diff = json.loads(plan.stdout)[0]["data"]["diff"]
+    assert diff["files"] == [PROBE] and '-MARK = "one"\n+MARK = "two"\n' in diff["text"]
+    r = cli(*push, inventory=python_hosts.inventory_dir)
+    assert r.code == 0, r.stderr
+    two = state_of(k1)["applied"]["version"]
+    assert two != one and f"applied ddtree dev snapshot {two} over {one}" in r.stderr
+    assert (k1.checkout / PROBE).read_text() == 'MARK = "two"\n'
+    assert yaml.safe_load(k1.git("cat-file", "blob", "refs/ddeploy/state:state.json"))["last"]["dev"] is True
+
+
+def test_watch_runs_again_after_each_save_until_ctrl_c(cli, python_hosts, k1, patches_root, tmp_path, monkeypatch):
+    import deployer.patchset.snapshot as snapshot
+
+    overlay = mark_overlay(tmp_path, "first")
+    saves = iter(['MARK = "second"\n', KeyboardInterrupt])
+
+    def developer(_seconds: float) -> None:  # what happens while ddeploy polls: a save, then Ctrl-C
+        step = next(saves)
+        if step is KeyboardInterrupt:
+            raise KeyboardInterrupt
+        (overlay / PROBE).write_text(step)
+
+    monkeypatch.setattr(snapshot, "sleep", developer)  # only the overlay poll's sleep
+    args = ("test", "--remote", "--host", "k1", "--overlay", str(overlay), "-k", "probe", "--watch")
+    r = cli(*args, "--report-dir", str(tmp_path / "reports"), inventory=python_hosts.inventory_dir)
+    assert r.code == 0, r.stderr
+    assert r.stderr.count("[k1] shipping ddtree dev snapshot") == 2 and r.stderr.count("[k1] 1 passed") == 2
+    assert r.stderr.count(f"watching {overlay} for changes (Ctrl-C stops)") == 2 and "stopped watching" in r.stderr
+    assert (k1.checkout / ".git/ddeploy/probe-mark").read_text() == "second"  # the second round ran the save
+    assert len(list((tmp_path / "reports" / "k1").glob("*.xml"))) == 2
+
+
+def test_watch_needs_remote_and_overlay(cli, tmp_path):
+    r = cli("test", "--remote", "--host", "k1", "--watch")
+    assert r.code == 2 and "--watch repeats `test --remote --overlay` on every change" in r.stderr
