@@ -74,3 +74,17 @@ def test_a_series_that_does_not_apply_has_no_diff_and_the_plan_fails(hosts, ddep
     assert res["data"]["diff"]["note"].startswith("no diff: the series does not apply on ")
     r = ddeploy("plan", "--host", "h3", "--version", str(patch_sets["v1"]), "--diff")
     assert r.code == 7 and "push would be refused: patch 0002-wiring.patch does not apply" in r.stderr
+
+
+def test_a_diff_over_the_limit_is_cut_at_a_line_end_and_says_so(hosts, ddeploy, tmp_path):
+    from sshd_hosts import make_patch_set
+
+    big = "".join(f"LINE_{i} = {i}\n" for i in range(50000))  # ~0.7 MB of new file
+    set_dir = make_patch_set(tmp_path / "0.9.0", "0.9.0", [("builder", {STUB: big})])
+    r = ddeploy("plan", "--host", "h1", "--version", str(set_dir), "--diff", "--json")
+    assert r.code == 0, r.stderr
+    diff = host_diffs(r)["h1"]
+    text = diff["text"]
+    assert diff["truncated"] and diff["bytes"] > len(text.encode()) and len(text.encode()) <= 512 * 1024
+    assert text.endswith("\n") and text.splitlines()[-1].startswith("+LINE_")
+    assert f"diff: 1 file(s), cut at {len(text.encode())} of {diff['bytes']} bytes" in r.stderr

@@ -65,7 +65,7 @@ def diff_note(res: PlanReply) -> str:
         return ""
     if d.text is None:
         return f"; {d.note}"
-    cut = f", cut at {len(d.text)} of {d.bytes} bytes" if d.truncated else ""
+    cut = f", cut at {len(d.text.encode())} of {d.bytes} bytes" if d.truncated else ""
     return f"; diff: {len(d.files)} file(s){cut}"
 
 
@@ -79,7 +79,7 @@ def plan_diffs(results: list[HostResult]) -> list[str]:
         lines = [click.style(f"# {r.host}: {len(d.files)} file(s) would change", bold=True)]
         lines += [_diff_line(ln) for ln in d.text.splitlines()]
         if d.truncated:
-            lines.append(click.style(f"# {r.host}: diff cut at {len(d.text)} of {d.bytes} bytes", fg="yellow"))
+            lines.append(click.style(f"# {r.host}: diff cut at {len(d.text.encode())} of {d.bytes} bytes", fg="yellow"))
         out.append("\n".join(lines) + "\n")
     return out
 
