@@ -22,7 +22,8 @@ This program alone reads and writes the host's records (the client only sees its
                             updates, and the chain is the history (`ddeploy log`)
     refs/ddeploy/versions/V head commit of version V as last applied (`rollback --to V`)
     refs/ddeploy/pre-deploy the recorded pre-deploy commit while a version is applied
-    refs/ddeploy/saved/*    hand edits saved by --force (a commit on top of the HEAD they were on)
+    refs/ddeploy/saved/*    hand edits saved by --force, shaped like a stash entry: the work-tree
+                            version, parents the HEAD they were on and the index version (^2)
     .git/ddeploy/lock/      the checkout's lock: atomic mkdir, owner.json {by, user, host, pid,
                             time, command}; a lock whose pid is gone on this host is stale and is
                             broken by the next command that needs the lock
