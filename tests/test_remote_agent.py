@@ -56,7 +56,10 @@ def test_plan_is_data_computed_before_anything_is_written(tmp_path, patch_sets):
     assert plan == {
         "action": "apply",
         "blocked": None,
+        "blocked_kind": None,
+        "base": {"commit": base.commit, "against": "ddtree 0.2.0", "checked": 3, "mismatched": []},
         "drift": [],
+        "in_the_way": [],
         "from": None,
         "head": base.commit,
         "pre_deploy": base.commit,

@@ -127,12 +127,17 @@ def test_three_way_only_on_request(hosts, ddeploy, patch_sets):
     path.write_text("".join(lines))
     h3.git("commit", "-q", "-am", "local tweak")  # the user's own commit: the pre-deploy state
     user_commit, user_tree = h3.git("rev-parse", "HEAD"), h3.git("rev-parse", "HEAD^{tree}")
+    # The base gate is exact: the touched file is not what the patch was made against -> refused,
+    # naming it, before any patch is tried (exit 11, BaseTreeError).
     r = ddeploy("plan", "--host", "h3", "--version", str(patch_sets["v1"]))
-    assert r.code == 7 and "[h3] patch 0002-wiring.patch: CONFLICT error: patch failed" in r.stderr
-    assert "push would be refused: patch 0002-wiring.patch does not apply" in r.stderr
-    assert ddeploy("plan", "--host", "h3", "--version", str(patch_sets["v1"]), "--3way").code == 0
+    assert r.code == 11, r.stderr
+    assert f"push would be refused: {VERSION_PY} is not the SGLang 0.5.23 version that ddtree 0.1.0 expects" in r.stderr
+    r = ddeploy("plan", "--host", "h3", "--version", str(patch_sets["v1"]), "--3way")
+    assert r.code == 0, r.stderr
+    assert "[h3] patch 0002-wiring.patch: CONFLICT error: patch failed" in r.stderr  # the strict apply, shown
+    assert "(a 3-way merge will be attempted)" in r.stderr
     r = ddeploy("push", "--host", "h3", "--version", str(patch_sets["v1"]))
-    assert r.code == 7 and "0002-wiring.patch does not apply" in r.stderr and "--3way" in r.stderr
+    assert r.code == 11 and f"{VERSION_PY} is not the SGLang" in r.stderr and "--3way" in r.stderr
     assert h3.git("rev-parse", "HEAD") == user_commit and h3.git("for-each-ref", "refs/ddeploy") == ""
     r = ddeploy("push", "--host", "h3", "--version", str(patch_sets["v1"]), "--3way")
     assert r.code == 0, r.stderr

@@ -103,13 +103,19 @@ def _plan_report(ctx: click.Context, describe):
 @click.pass_context
 def status(ctx):
     """Per host: reachable, applied version, drift, lock holder, kernel builds, last remote test."""
+    from ..errors import PatchSetError
     from ..ops.deploy import status_host
+    from ..patchset import load_patch_set
 
     opts = _deploy_options(ctx)
+    try:
+        newest = load_patch_set("latest")  # the checkout column: do the files it touches match its base?
+    except PatchSetError:
+        newest = None
     run(
         ctx.obj,
         selection(ctx),
-        lambda h, say: status_host(h, opts, say),
+        lambda h, say: status_host(h, opts, say, newest),
         _views().describe_status,
         report=_views().status_table,
     )

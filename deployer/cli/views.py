@@ -149,6 +149,17 @@ def applied_text(status: HostStatus) -> str:
     return set_label(a.name, a.version, a.dev) if a else "none"
 
 
+def checkout_text(status: HostStatus) -> str:
+    """HEAD (and branch), and whether the touched files hold the base the newest release expects."""
+    head = f"{status.head[:12]}{' ' + status.branch if status.branch else ''}"
+    base = status.base
+    if base is None:
+        return head
+    if not base.mismatched:
+        return f"{head}, base ok"
+    return f"{head}, {len(base.mismatched)} file(s) not the base"
+
+
 def drift_text(status: HostStatus) -> str:
     return f"{len(status.drift)} file(s)" if status.drift else "none"
 
@@ -179,7 +190,10 @@ def tests_text(tests: TestRecord | None) -> str:
 
 
 def describe_status(status: HostStatus) -> str:
-    return f"{applied_text(status)}; drift: {drift_text(status)}; lock: {lock_cell(status.lock)}"
+    return (
+        f"{checkout_text(status)}; applied: {applied_text(status)}; drift: {drift_text(status)}; "
+        f"lock: {lock_cell(status.lock)}"
+    )
 
 
 def status_table(results: list[HostResult]) -> str:
@@ -191,6 +205,7 @@ def status_table(results: list[HostResult]) -> str:
                 [
                     r.host,
                     "yes",
+                    checkout_text(s),
                     applied_text(s),
                     drift_text(s),
                     lock_cell(s.lock),
@@ -199,10 +214,10 @@ def status_table(results: list[HostResult]) -> str:
                 ]
             )
         elif isinstance(r.error, ConnectError):
-            rows.append([r.host, f"no: {r.message}"[:70], "?", "?", "?", "?", "?"])
+            rows.append([r.host, f"no: {r.message}"[:70], "?", "?", "?", "?", "?", "?"])
         else:  # reachable, but the checkout cannot be read (missing, not git, ...)
-            rows.append([r.host, "yes", f"error: {r.message}"[:70], "?", "?", "?", "?"])
-    return table(rows, ["host", "reachable", "applied", "drift", "lock", "builds", "tests"])
+            rows.append([r.host, "yes", f"error: {r.message}"[:70], "?", "?", "?", "?", "?"])
+    return table(rows, ["host", "reachable", "checkout", "applied", "drift", "lock", "builds", "tests"])
 
 
 # --- fleet summaries ---------------------------------------------------------------------------

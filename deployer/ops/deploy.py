@@ -13,12 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConflictError, DriftError
+from ..errors import BaseTreeError, ConflictError, DriftError
 from ..inventory import Host
 from ..patchset import PatchSet
 from ..transport.agent_client import AgentSession, agent_session
 from ..transport.protocol import (
     Applied,
+    BaseCheck,
     BuildRecord,
     LockOwner,
     LockReleaseReply,
@@ -54,6 +55,7 @@ class HostStatus(Record):
     reachable: bool = True
     head: str
     branch: str | None = None
+    base: BaseCheck | None = None  # the newest release's base gate at the pre-deploy commit (or HEAD)
     applied: Applied | None = None
     drift: list[str] = []
     lock: LockOwner | None = None
@@ -96,6 +98,7 @@ def set_request(ps: PatchSet, *, remote_dir: str | None, inline: bool) -> dict[s
         "base_version": ps.base_version,
         "dev": ps.dev,
         "files": ps.files,
+        "preimages": ps.preimages(),
         "patches": patches,
         "dir": remote_dir,
     }
@@ -122,7 +125,7 @@ def plan_host(host: Host, ps: PatchSet, opts: Options, say: Say) -> Outcome:
     for line in plan_details(res):
         say(line)
     if res.plan.blocked:  # a plan that push would refuse fails, so scripts can gate on it
-        err = DriftError if res.plan.drift and not opts.force else ConflictError
+        err = {"DriftError": DriftError, "BaseTreeError": BaseTreeError}.get(res.plan.blocked_kind, ConflictError)
         raise err(f"push would be refused: {res.plan.blocked}", host=host.name)
     return Outcome(res)
 
@@ -133,7 +136,9 @@ def plan_details(res: PlanReply) -> list[str]:
         f"patch {p.name}: {'applies' if p.ok else 'CONFLICT ' + str(p.error)} ({', '.join(p.files)})"
         for p in res.plan.patches
     ]
-    return lines + [f"hand edit: {d}" for d in res.plan.drift]
+    base = res.plan.base
+    lines += [f"not the base: {m.why}" for m in (base.mismatched if base else [])]
+    return lines + [f"{'in the way' if d in res.plan.in_the_way else 'hand edit'}: {d}" for d in res.plan.drift]
 
 
 def push_host(host: Host, ps: PatchSet, opts: Options, say: Say) -> Outcome:
@@ -165,14 +170,25 @@ def rollback_host(host: Host, opts: Options, say: Say) -> Outcome:
     return Outcome(res, changed=res.changed)
 
 
-def status_host(host: Host, opts: Options, say: Say) -> Outcome:
+def status_host(host: Host, opts: Options, say: Say, expect: PatchSet | None = None) -> Outcome:
+    """`expect`: also check that the files this set touches hold, at the checkout's pre-deploy
+    commit (HEAD when nothing is applied), exactly what its patches were made against."""
+    request: dict[str, Any] = {}
+    if expect is not None:
+        request["expect"] = {
+            "name": expect.name,
+            "version": expect.version,
+            "base_version": expect.base_version,
+            "preimages": expect.preimages(),
+        }
     with session(host, opts) as agent:
-        facts = agent.call("status", {}, StatusReply, stream=say).facts
+        facts = agent.call("status", request, StatusReply, stream=say).facts
     state = facts.state
     return Outcome(
         HostStatus(
             head=facts.head,
             branch=facts.branch,
+            base=facts.base,
             applied=state.applied,
             drift=facts.drift,
             lock=facts.lock,

@@ -138,9 +138,9 @@ def _check_mode(line: bytes, patch: str) -> None:
         )
 
 
-def patch_paths(data: bytes, *, patch: str) -> list[str]:
-    """Every path the patch touches, in order of first mention; raises on any unsafe one."""
-    seen: dict[str, None] = {}
+def _header_lines(data: bytes):
+    """(index, line) of every header line, as `git apply` reads them (hunk bodies and binary
+    payloads skipped)."""
     lines = data.split(b"\n")
     i = 0
     while i < len(lines):
@@ -154,11 +154,52 @@ def patch_paths(data: bytes, *, patch: str) -> list[str]:
         if line == b"GIT binary patch":
             i = _skip_binary(lines, i + 1)
             continue
+        yield i, lines
+        i += 1
+
+
+def patch_paths(data: bytes, *, patch: str) -> list[str]:
+    """Every path the patch touches, in order of first mention; raises on any unsafe one."""
+    seen: dict[str, None] = {}
+    skip_until = 0
+    for i, lines in _header_lines(data):
+        if i < skip_until:
+            continue
+        line = lines[i].rstrip(b"\r")
         _check_mode(line, patch)
         found, span = _header_paths(lines, i)
         for raw, strip in found:
             p = check_path(raw.rstrip("\r"), patch=patch, strip_prefix=strip)
             if p != "/dev/null":
                 seen.setdefault(p, None)
-        i += span
+        skip_until = i + span
     return list(seen)
+
+
+_INDEX = re.compile(rb"^index ([0-9a-f]{7,64})\.\.([0-9a-f]{7,64})(?: \d{6})?\s*$")
+_ZERO_BLOB = re.compile(r"^0+$")
+
+
+def patch_preimages(data: bytes, *, patch: str) -> dict[str, str | None]:
+    """The blob each file must hold before this patch applies, from its `index` lines:
+    {path: blob id (possibly abbreviated), or None where the patch creates the file}. Files
+    whose diff has no index line (a plain diff) are left out: only `git apply` can judge them.
+    """
+    out: dict[str, str | None] = {}
+    current: list[str] = []
+    for i, lines in _header_lines(data):
+        line = lines[i].rstrip(b"\r")
+        text = line.decode("utf-8", errors="surrogateescape")
+        if text.startswith("diff --git "):
+            raw = split_diff_git(text[len("diff --git ") :])
+            current = [check_path(r, patch=patch, strip_prefix=True) for r in raw]
+            continue
+        index = _INDEX.match(line)
+        if index and current:
+            old = index.group(1).decode()
+            src = current[0]
+            out.setdefault(src, None if _ZERO_BLOB.match(old) else old)
+            if len(current) > 1 and current[1] != src:  # a rename or copy: the target must be new
+                out.setdefault(current[1], None)
+            current = []
+    return out

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..documents import ManifestDoc, load_document
 from ..errors import ChecksumError, PatchSetError
-from .path_safety import patch_paths
+from .path_safety import patch_paths, patch_preimages
 from ..locations import PATCH_SET_NAME, patch_set_root
 
 VERSION_RE = re.compile(r"^\d+\.\d+\.\d+\Z")
@@ -65,6 +65,15 @@ class PatchSet:
     def files(self) -> list[str]:
         """All files the set touches, in order of first appearance."""
         return list(dict.fromkeys(f for p in self.patches for f in p.files))
+
+    def preimages(self) -> dict[str, str | None]:
+        """What the checkout must hold for the series to apply exactly: {path: the blob the first
+        patch touching it expects (from its full-index line), or None where the set creates it}."""
+        out: dict[str, str | None] = {}
+        for p in self.patches:
+            for path, blob in patch_preimages(p.data, patch=p.name).items():
+                out.setdefault(path, blob)
+        return out
 
     def fingerprint(self) -> str:
         """One hash over the ordered patch hashes: equal sets have equal fingerprints."""

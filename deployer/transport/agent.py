@@ -22,7 +22,8 @@ This program alone reads and writes the host's records (the client only sees its
                             updates, and the chain is the history (`ddeploy log`)
     refs/ddeploy/versions/V head commit of version V as last applied (`rollback --to V`)
     refs/ddeploy/pre-deploy the recorded pre-deploy commit while a version is applied
-    refs/ddeploy/saved/*    hand edits saved by --force (a commit on top of the HEAD they were on)
+    refs/ddeploy/saved/*    hand edits saved by --force, shaped like a stash entry: the work-tree
+                            version, parents the HEAD they were on and the index version (^2)
     .git/ddeploy/lock/      the checkout's lock: atomic mkdir, owner.json {by, user, host, pid,
                             time, command}; a lock whose pid is gone on this host is stale and is
                             broken by the next command that needs the lock
@@ -389,6 +390,116 @@ def journal_path(repo: Repo) -> str:
     return os.path.join(repo.ddir, "journal.json")
 
 
+# ---------------------------------------------------------------- the base gate
+def tree_blobs(repo: Repo, commit: str, paths: list) -> dict:
+    """{path: blob id} of these paths in commit's tree (absent paths left out)."""
+    if not paths:
+        return {}
+    raw = repo.run("ls-tree", "-r", "-z", commit, "--", *paths).stdout.decode(errors="surrogateescape")
+    out = {}
+    for entry in raw.split("\0"):
+        if "\t" in entry:
+            meta, path = entry.split("\t", 1)
+            out[path] = meta.split()[2]
+    return out
+
+
+def missing_objects(repo: Repo, ids: list) -> list:
+    """The object ids of `ids` that this repository's object store lacks (no lazy fetch)."""
+    if not ids:
+        return []
+    query = "".join(i + "\n" for i in ids).encode()
+    p = repo.run("cat-file", "--batch-check", input=query, env={"GIT_NO_LAZY_FETCH": "1"})
+    return [line.split()[0] for line in p.stdout.decode().splitlines() if line.endswith(" missing")]
+
+
+def check_base(repo: Repo, commit: str, preimages: dict, spec: dict) -> dict:
+    """Does every file the set touches hold, in commit, exactly what the patches expect?
+
+    preimages: {path: blob id (full or abbreviated) or None for a file the set creates}, in
+    series order, from the patches' index lines. Returns {commit, against, checked, mismatched:
+    [{path, why, expected, actual}]} (series order). Raises when a matching blob is not in the
+    object store (a partial or shallow clone that lacks it): git apply could not read it.
+    """
+    have = tree_blobs(repo, commit, list(preimages))
+    against = "%s %s" % (spec.get("name", "the set"), spec.get("version", "")) if spec else "the set"
+    mismatched, present = [], []
+    for path, want in preimages.items():
+        got = have.get(path)
+        if want is None and got is None:
+            continue
+        if want is not None and got is not None and got.startswith(want):
+            present.append(got)
+            continue
+        if want is None:
+            why = "%s already exists in the checkout (%s creates it)" % (path, against)
+        elif got is None:
+            why = "%s is missing from the checkout (%s edits it)" % (path, against)
+        else:
+            why = "%s is not the SGLang %s version that %s expects (blob %s, the checkout has %s)" % (
+                path,
+                spec.get("base_version", "base"),
+                against,
+                want[:12],
+                got[:12],
+            )
+        mismatched.append({"path": path, "why": why, "expected": want, "actual": got})
+    lost = missing_objects(repo, present)
+    if lost:
+        path = next(p for p, b in have.items() if b == lost[0])
+        raise Fail(
+            "BaseTreeError",
+            "%s: the content of %s (blob %s) is not in the object store (a partial or shallow clone); "
+            "fetch it (git -C %s fetch --refetch, or --unshallow) and push again; nothing was changed"
+            % (repo.path, path, lost[0][:12], repo.path),
+        )
+    return {"commit": commit, "against": against, "checked": len(preimages), "mismatched": mismatched}
+
+
+def need_merge_base(repo: Repo, mismatched: list) -> None:
+    """--3way merges a mismatching file from the blob the patch was made against: it must be here."""
+    for m in mismatched:
+        if m["expected"] and missing_objects(repo, [m["expected"]]):
+            raise Fail(
+                "BaseTreeError",
+                "%s: cannot 3-way merge %s: the base blob %s the patch was made against is not in this "
+                "checkout (a shallow clone?); fetch more history (git -C %s fetch --unshallow) and push "
+                "again; nothing was changed" % (repo.path, m["path"], m["expected"][:12], repo.path),
+            )
+
+
+def in_the_way(repo: Repo, head: str, files: list) -> list:
+    """Untracked (or ignored) things on disk where a switch to these files must write: a file,
+    link or directory at a path that head lacks, or a non-directory where one of its parent
+    directories must be. git status does not see the second kind, and a checkout deletes both."""
+    tracked = set(tree_blobs(repo, head, list(files)))
+    found = set()
+    for path in files:
+        if path in tracked:
+            continue
+        full = os.path.join(repo.path, path)
+        if os.path.lexists(full):
+            found.add(path)
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            parent = "/".join(parts[:depth])
+            full = os.path.join(repo.path, parent)
+            if os.path.islink(full) or (os.path.lexists(full) and not os.path.isdir(full)):
+                if not repo.rev("%s:%s" % (head, parent)):  # a tracked one is git apply's to refuse
+                    found.add(parent)
+                break
+    return sorted(found)
+
+
+def describe_drift(drift: list, blocking: list) -> str:
+    """`hand edits in a, b; in the way: test (untracked, where the set writes)`, five names at most."""
+    edits = [d for d in drift if d not in blocking]
+    parts = ["hand edits in %s" % ", ".join(edits[:5])] if edits else []
+    if blocking:
+        parts.append("in the way: %s (untracked, where the set writes)" % ", ".join(blocking[:5]))
+    return "; ".join(parts)
+
+
 # ---------------------------------------------------------------- plan
 def plan(repo: Repo, req: dict, f: dict, patches: list) -> dict:
     spec, opts = req["set"], req.get("options", {})
@@ -403,30 +514,36 @@ def plan(repo: Repo, req: dict, f: dict, patches: list) -> dict:
         "patches": [],
         "drift": [],
         "blocked": None,
+        "blocked_kind": None,
+        "base": None,
         "head": f["head"],
     }
-    if not repo.exists(spec["base_tree"] + "^{tree}"):
-        raise Fail(
-            "BaseTreeError",
-            "%s does not contain the SGLang %s base tree %s; it is not a %s checkout "
-            "(or a shallow clone): clone the base there"
-            % (repo.path, spec["base_version"], spec["base_tree"][:12], spec["base_version"]),
-        )
     if applied and applied.get("fingerprint") == spec["fingerprint"] and applied["head"] == f["head"]:
         out["action"] = "noop"
     else:
         out["action"] = "replace" if applied else "apply"
     relevant = set(spec["files"]) | set((applied or {}).get("files", []))
-    out["drift"] = repo.dirty(relevant)
+    blocking = out["in_the_way"] = in_the_way(repo, f["head"], spec["files"])
+    out["drift"] = sorted(set(repo.dirty(relevant)) | set(blocking))
     if applied and f["head"] != applied["head"]:
         out["drift"].insert(0, "HEAD moved since %s was applied" % applied["version"])
     if out["drift"] and not opts.get("force"):
-        out["blocked"] = "hand edits in %s" % ", ".join(out["drift"][:5])
+        out["blocked"] = describe_drift(out["drift"], blocking)
+        out["blocked_kind"] = "DriftError"
     if out["action"] != "noop":
+        out["base"] = check_base(repo, pre, spec.get("preimages") or {}, spec)
+        mismatched = out["base"]["mismatched"]
+        if mismatched and not opts.get("three_way"):
+            more = " (and %d more file(s))" % (len(mismatched) - 1) if len(mismatched) > 1 else ""
+            out["blocked"] = out["blocked"] or "%s%s" % (mismatched[0]["why"], more)
+            out["blocked_kind"] = out["blocked_kind"] or "BaseTreeError"
+        elif mismatched:
+            need_merge_base(repo, mismatched)
         out["patches"] = check_series(repo, pre, patches, opts.get("three_way", False))
         bad = [p for p in out["patches"] if not p["ok"]]
         if bad and not opts.get("three_way"):
             out["blocked"] = out["blocked"] or "patch %s does not apply: %s" % (bad[0]["name"], bad[0]["error"])
+            out["blocked_kind"] = out["blocked_kind"] or "ConflictError"
     elif out["drift"] and opts.get("force"):
         out["action"] = "restore"  # same version, hand edits saved then reverted to the applied content
     return out
@@ -434,25 +551,40 @@ def plan(repo: Repo, req: dict, f: dict, patches: list) -> dict:
 
 # ---------------------------------------------------------------- transactions
 def save_edits(repo: Repo, files: list, req: dict, op: str) -> str:
-    """Commit the hand edits in `files` (and a moved HEAD) under refs/ddeploy/saved/<stamp>."""
+    """Save the hand edits in `files` (and a moved HEAD) under refs/ddeploy/saved/<stamp>, shaped
+    like a `git stash` entry so nothing staged is lost: a commit I (HEAD plus the index's version of
+    these paths) and on top a commit W (parents HEAD and I) with their work-tree version, untracked
+    and ignored files included. The ref names W: `git stash apply --index REF` brings both back."""
     work = os.path.join(repo.ddir, "tmp")
     os.makedirs(work, exist_ok=True)
     env = {"GIT_INDEX_FILE": os.path.join(work, "save-index-%d" % os.getpid())}
     real = [p for p in files if not p.startswith("HEAD moved")]
+    head = repo.rev("HEAD^{commit}")
+    stamp = "%s %s" % (op, req.get("by", "?"))
     try:
         repo.run("read-tree", "HEAD", env=env)
         if real:
-            repo.run("add", "-A", "--", *real, env=env)
+            staged = repo.run("ls-files", "-s", "-z", "--", *real).stdout  # the real index's entries
+            repo.run("rm", "-q", "-r", "--cached", "--ignore-unmatch", "--", *real, env=env)
+            entries = [e for e in staged.split(b"\0") if e and b"\t" in e and e.split(b"\t")[0].split()[2] == b"0"]
+            if entries:
+                repo.run("update-index", "-z", "--index-info", input=b"\0".join(entries) + b"\0", env=env)
+        index_tree = repo.out("write-tree", env=env)
+        note = "index on %s: saved before %s" % (head[:12], stamp)
+        index_commit = repo.out("commit-tree", index_tree, "-p", head, "-m", note)
+        if real:
+            repo.run("add", "-A", "-f", "--", *real, env=env)
         tree = repo.out("write-tree", env=env)
     finally:
         if os.path.exists(env["GIT_INDEX_FILE"]):
             os.unlink(env["GIT_INDEX_FILE"])
-    msg = "ddeploy: hand edits saved before %s by %s\n\n%s\n" % (op, req.get("by", "?"), "\n".join(files))
-    commit = repo.out("commit-tree", tree, "-p", "HEAD", "-m", msg)
+    msg = "ddeploy: hand edits saved before %s\n\n%s\n" % (stamp, "\n".join(files))
+    commit = repo.out("commit-tree", tree, "-p", head, "-p", index_commit, "-m", msg)
     ref = "refs/ddeploy/saved/%s-%d" % (time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), os.getpid())
     repo.run("update-ref", ref, commit, ZERO)
     progress(
-        "saved hand edits in %d path(s) as %s (recover: git -C %s diff HEAD %s)" % (len(files), ref, repo.path, ref)
+        "saved hand edits in %d path(s) as %s (work tree and index; recover: git -C %s stash apply --index %s)"
+        % (len(files), ref, repo.path, ref)
     )
     if real:
         switch_files(repo, "HEAD", real)
@@ -469,8 +601,23 @@ def switch_files(repo: Repo, target: str, files: list) -> None:
     for path in sorted(set(files) - present):
         repo.run("rm", "-q", "-f", "--cached", "--ignore-unmatch", "--", path)
         full = os.path.join(repo.path, path)
-        if os.path.lexists(full):
+        if os.path.islink(full) or os.path.isfile(full):
             os.unlink(full)
+        elif os.path.isdir(full):
+            shutil.rmtree(full)  # only after save_edits kept it: an untracked tree in the way
+        prune_empty_parents(repo, path)
+
+
+def prune_empty_parents(repo: Repo, path: str) -> None:
+    """Remove the directories above a removed file that are now empty (never a non-empty one)."""
+    parent = os.path.dirname(path)
+    while parent:
+        try:
+            os.rmdir(os.path.join(repo.path, parent))
+        except OSError:  # not empty, or already gone: stop at the first that stays
+            if os.path.isdir(os.path.join(repo.path, parent)):
+                return
+        parent = os.path.dirname(parent)
 
 
 def write_journal(repo: Repo, journal: dict) -> None:
@@ -563,14 +710,12 @@ def op_push(repo: Repo, req: dict) -> dict:
             f = facts(repo)
             p = plan(repo, req, f, patches)
             if p["blocked"]:
-                kind = "DriftError" if p["drift"] and not opts.get("force") else "ConflictError"
-                hint = (
-                    "; rerun with --force to save them (recoverable) and go on"
-                    if kind == "DriftError"
-                    else ""
-                    if opts.get("three_way")
-                    else " (rerun with --3way to merge)"
-                )
+                kind = p["blocked_kind"]
+                hint = {
+                    "DriftError": "; rerun with --force to save them (recoverable) and go on",
+                    "BaseTreeError": "" if opts.get("three_way") else " (rerun with --3way to merge)",
+                    "ConflictError": "" if opts.get("three_way") else " (rerun with --3way to merge)",
+                }[kind]
                 raise Fail(kind, "%s: %s%s; nothing was changed" % (repo.path, p["blocked"], hint))
             if p["action"] == "noop":
                 progress("%s %s is already applied; nothing to do" % (spec["name"], spec["version"]))
@@ -672,15 +817,17 @@ def op_rollback(repo: Repo, req: dict) -> dict:
                     "StateError",
                     "version %s was never applied on %s (known: %s)" % (to, repo.path, ", ".join(known) or "none"),
                 )
-        relevant = set(applied["files"]) | set(repo.diff_names(f["head"], target))
-        drift = repo.dirty(relevant)
+        switched = repo.diff_names(f["head"], target)
+        relevant = set(applied["files"]) | set(switched)
+        blocking = in_the_way(repo, f["head"], switched)
+        drift = sorted(set(repo.dirty(relevant)) | set(blocking))
         if f["head"] != applied["head"]:
             drift.insert(0, "HEAD moved since %s was applied" % applied["version"])
         if drift and not opts.get("force"):
             raise Fail(
                 "DriftError",
-                "%s: hand edits in %s; rerun with --force to save them (recoverable) and "
-                "roll back; nothing was changed" % (repo.path, ", ".join(drift[:5])),
+                "%s: %s; rerun with --force to save them (recoverable) and "
+                "roll back; nothing was changed" % (repo.path, describe_drift(drift, blocking)),
             )
         saved = save_edits(repo, drift, req, "rollback") if drift else None
         return _rollback_apply(repo, req, f, target, to, saved, recovered)
@@ -753,6 +900,10 @@ def _find_applied(repo: Repo, version: str, pre: str):
 
 def op_status(repo: Repo, req: dict) -> dict:
     f = facts(repo)
+    expect = req.get("expect")  # a set's preimages: do the touched files at the base match them?
+    if expect:
+        pre = (f["state"].get("pre_deploy") or {}).get("commit") or f["head"]
+        f["base"] = check_base(repo, pre, expect["preimages"], expect)
     return {"ok": True, "facts": f}
 
 

@@ -122,6 +122,24 @@ class HostState(Record):
     tests: TestRecord | None = None
 
 
+class BaseMismatch(Record):
+    """One file the set touches whose content is not what its patches were made against."""
+
+    path: str
+    why: str
+    expected: str | None = None  # blob id the first patch touching it expects; None: the set creates it
+    actual: str | None = None  # blob id in the checkout's commit; None: absent
+
+
+class BaseCheck(Record):
+    """The exact base gate: every touched file holds the patches' preimage blob (docs/remote.md)."""
+
+    commit: str
+    against: str
+    checked: int
+    mismatched: list[BaseMismatch] = []
+
+
 class Facts(Record):
     head: str
     tree: str | None = None
@@ -131,6 +149,7 @@ class Facts(Record):
     drift: list[str] = []
     lock: LockOwner | None = None
     journal: bool = False
+    base: BaseCheck | None = None  # status: the touched files at the pre-deploy commit (or HEAD)
 
 
 class PlanPatch(Record):
@@ -149,7 +168,10 @@ class Plan(Record):
     files: list[str]
     patches: list[PlanPatch] = []
     drift: list[str] = []
+    in_the_way: list[str] = []  # of drift: untracked paths where the set writes (a file where it makes a dir)
     blocked: str | None = None
+    blocked_kind: Literal["DriftError", "BaseTreeError", "ConflictError"] | None = None
+    base: BaseCheck | None = None
 
 
 class Reply(Record):

@@ -58,6 +58,14 @@ if not _installed_sglang_is_this_tree():
     _register_package_shells()
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # The real-server tests are marked slow; registered here because a patched SGLang
+    # checkout's own pytest configuration does not know the mark.
+    config.addinivalue_line(
+        "markers", "slow: starts real sglang.launch_server processes (minutes)"
+    )
+
+
 @pytest.fixture(scope="session")
 def tree_root() -> Path:
     return TREE_ROOT

@@ -16,7 +16,7 @@ from cpu_engine.models import (
     alternating_draft_probs,
     make_tiny_models,
 )
-from cpu_engine.server import launch_server
+from cpu_engine.server import dflash_args, launch_server
 
 PROMPTS = ([1, 5, 9, 33, 12], [1, 7, 8, 9, 20, 21, 22, 23, 24, 25, 26])
 NEW_TOKENS = 64
@@ -48,9 +48,7 @@ def test_alternating_models_behave_as_documented(alt_models):
 def test_linear_dflash_accepts_one_draft_per_verify(
     cpu_sglang_python, alt_models, server_log_dir
 ):
-    args = ("--speculative-algorithm", "DFLASH",
-            "--speculative-draft-model-path", str(alt_models.draft),
-            "--speculative-draft-attention-backend", "torch_native")
+    args = dflash_args(alt_models.draft)
     with launch_server(cpu_sglang_python, alt_models.target, args,
                        log_path=server_log_dir / "dflash-alternating.log") as server:
         responses = server.generate_batch(PROMPTS, NEW_TOKENS)
@@ -72,10 +70,7 @@ def test_ddtree_accepts_the_whole_block_where_linear_accepts_one_draft(
     """The draft's top two tokens at every depth, X then Y: a 14-node tree holds
     the path X Y X (and Y X Y), so every verify accepts all 3 drafts plus the bonus
     (4 tokens), twice linear DFLASH's 2 on the same models."""
-    args = ("--speculative-algorithm", "DFLASH",
-            "--speculative-draft-model-path", str(alt_models.draft),
-            "--speculative-draft-attention-backend", "torch_native",
-            "--speculative-dflash-tree-budget", "14")
+    args = dflash_args(alt_models.draft, budget=14)
     with launch_server(cpu_sglang_python, alt_models.target, args,
                        log_path=server_log_dir / "ddtree-alternating.log") as server:
         responses = server.generate_batch(PROMPTS, NEW_TOKENS)

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from cpu_engine.cpu_tree import STUB_DIR, Change, CpuTreeError, apply_change
-from cpu_engine.server import launch_server, server_env, start_expect_failure
+from cpu_engine.server import (
+    dflash_args, launch_server, server_env, start_expect_failure)
 
 HF_PROMPTS = (
     [1, 5, 9, 33, 12],
@@ -56,9 +57,7 @@ def plain_outputs(cpu_sglang_python, tiny_models, server_log_dir):
 
 @pytest.fixture(scope="module")
 def dflash_server(plain_outputs, cpu_sglang_python, tiny_models, server_log_dir):
-    args = ("--speculative-algorithm", "DFLASH",
-            "--speculative-draft-model-path", str(tiny_models.draft),
-            "--speculative-draft-attention-backend", "torch_native")
+    args = dflash_args(tiny_models.draft)
     with launch_server(cpu_sglang_python, tiny_models.target, args,
                        log_path=server_log_dir / "dflash.log") as server:
         yield server

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from cpu_engine.server import launch_server
+from cpu_engine.server import dflash_args, launch_server
 
 pytestmark = pytest.mark.slow
 
@@ -60,19 +60,7 @@ class Run:
 
 
 def _spec_args(models, budget=None, topk=None):
-    args = [
-        "--speculative-algorithm",
-        "DFLASH",
-        "--speculative-draft-model-path",
-        str(models.draft),
-        "--speculative-draft-attention-backend",
-        "torch_native",
-    ]
-    if budget is not None:
-        args += ["--speculative-dflash-tree-budget", str(budget)]
-    if topk is not None:
-        args += ["--speculative-dflash-tree-topk", str(topk)]
-    return args
+    return dflash_args(models.draft, budget=budget, topk=topk)
 
 
 def _record(server) -> Run:

@@ -16,21 +16,13 @@ import pytest
 
 from cpu_engine.cpu_tree import DDTREE_TORCH_NATIVE, prepare_cpu_tree
 from cpu_engine.fixtures import sglang_source_python, tree_root
-from cpu_engine.server import launch_server, start_expect_failure
+from cpu_engine.server import dflash_args, launch_server, start_expect_failure
 
 pytestmark = pytest.mark.slow
 
 
 def _ddtree(models, *extra):
-    return [
-        "--speculative-algorithm",
-        "DFLASH",
-        "--speculative-draft-model-path",
-        str(models.draft),
-        "--speculative-draft-attention-backend",
-        "torch_native",
-        *extra,
-    ]
+    return dflash_args(models.draft, *extra)
 
 
 REFUSED = {

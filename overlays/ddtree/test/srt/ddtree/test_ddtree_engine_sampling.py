@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from cpu_engine.models import make_tiny_models
-from cpu_engine.server import launch_server
+from cpu_engine.server import dflash_args, launch_server
 
 pytestmark = pytest.mark.slow
 
@@ -59,17 +59,7 @@ def exact(models) -> torch.Tensor:
 
 
 def _spec_args(models, *extra):
-    return [
-        "--speculative-algorithm",
-        "DFLASH",
-        "--speculative-draft-model-path",
-        str(models.draft),
-        "--speculative-draft-attention-backend",
-        "torch_native",
-        "--speculative-dflash-tree-budget",
-        str(BUDGET),
-        *extra,
-    ]
+    return dflash_args(models.draft, *extra, budget=BUDGET)
 
 
 # name -> (extra server args, or None for no speculation; server env)

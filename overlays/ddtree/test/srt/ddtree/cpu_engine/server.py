@@ -248,6 +248,22 @@ def server_env(python_dir: Path, env: Mapping[str, str] | None = None) -> dict:
     return child
 
 
+def dflash_args(draft: Path, *extra: str, budget: int | None = None,
+                topk: int | None = None) -> list[str]:
+    """Server arguments for DFlash with ``draft`` on CPU: linear DFLASH, or DDTree
+    with ``budget`` (and ``topk``); ``extra`` arguments go last."""
+    args = [
+        "--speculative-algorithm", "DFLASH",
+        "--speculative-draft-model-path", str(draft),
+        "--speculative-draft-attention-backend", "torch_native",
+    ]
+    if budget is not None:
+        args += ["--speculative-dflash-tree-budget", str(budget)]
+    if topk is not None:
+        args += ["--speculative-dflash-tree-topk", str(topk)]
+    return args + list(extra)
+
+
 def launch_server(
     python_dir: Path,
     model: Path,
