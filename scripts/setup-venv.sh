@@ -39,7 +39,7 @@ if [[ "$MODE" == full ]]; then
     jsonschema soundfile
   # flashinfer-python is what SGLang 0.5.23 pins; its headers are what SGLang's sampling-verify
   # kernel (speculative_sampling) compiles against. Headers only: none of its deps (cuda-python,
-  # cutlass-dsl, ...). 65 MB wheel, 450 MB installed, so not in the light mode.
+  # cutlass-dsl, ...). 65 MB wheel, about 590 MB installed, so not in the light mode.
   "${PIP[@]}" --no-deps flashinfer-python==0.7.2
 else
   "${PIP[@]}" torch==2.13.0
