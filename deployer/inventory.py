@@ -151,6 +151,9 @@ def find_inventory_dir() -> Path:
 def local_host() -> Host:
     """The built-in host: this machine, checkout in the user's cache, made from the base on first use."""
     checkout = cache_dir() / "local" / "sglang"
+    env = {"PYTHONPATH": str(checkout / "python"), "DDEPLOY_JIT_CACHE_ROOT": str(cache_dir() / "jit")}
+    if os.environ.get("CUDA_HOME"):  # this machine's toolkit, as every CUDA build here would use it
+        env["CUDA_HOME"] = os.environ["CUDA_HOME"]
     # This venv's python with the checkout first on its path: what `pip install -e` would give,
     # without touching the venv.
     return Host(
@@ -160,7 +163,7 @@ def local_host() -> Host:
         interconnect="pcie",
         checkout=str(checkout),
         python=sys.executable,
-        env={"PYTHONPATH": str(checkout / "python"), "DDEPLOY_JIT_CACHE_ROOT": str(cache_dir() / "jit")},
+        env=env,
         groups=("local",),
     )
 

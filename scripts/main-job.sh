@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 bash scripts/system-deps.sh
 bash scripts/setup-venv.sh --full
 export PATH="$PWD/.venv/bin:$PATH" CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+# The toolkit with cuRAND's headers (setup-venv.sh), for SGLang's sampling-verify kernel.
+[[ -e .venv/cuda ]] && CUDA_HOME="$PWD/.venv/cuda"
 set -x
 ddeploy push --host local --build
 # The overlay's tests in the patched checkout; its real-server tests (about 20 minutes on two

@@ -17,7 +17,7 @@ if [[ ! -x "$VENV/bin/python" ]]; then
   "$PY" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
-inputs=(scripts/setup-venv.sh scripts/constraints-full.txt pyproject.toml)
+inputs=(scripts/setup-venv.sh scripts/cuda-with-curand.sh scripts/constraints-full.txt pyproject.toml)
 stamp="$VENV/.ddeploy-$MODE-$(sha256sum "${inputs[@]}" | sha256sum | cut -c1-12)"
 if [[ -e "$stamp" ]]; then
   echo "setup-venv: $VENV is up to date ($MODE)"; exit 0
@@ -37,10 +37,23 @@ if [[ "$MODE" == full ]]; then
   "${PIP[@]}" xgrammar==0.2.7 tiktoken regex scipy zstandard nvidia-ml-py packaging \
     "python-dateutil<3" tokenizers==0.23.2 watchfiles openai-harmony==0.0.4 \
     jsonschema soundfile
+  # flashinfer-python is what SGLang 0.5.23 pins; its headers are what SGLang's sampling-verify
+  # kernel (speculative_sampling) compiles against. Headers only: none of its deps (cuda-python,
+  # cutlass-dsl, ...). 65 MB wheel, about 590 MB installed, so not in the light mode.
+  "${PIP[@]}" --no-deps flashinfer-python==0.7.2
 else
   "${PIP[@]}" torch==2.13.0
 fi
 "${PIP[@]}" -e '.[overlay,test]'
+if [[ "$MODE" == full ]]; then
+  # $VENV/cuda: the CUDA toolkit, plus cuRAND's headers when it lacks them (scripts/cuda-with-curand.sh);
+  # main-job.sh, test.sh and the test hosts build with it.
+  toolkit=${CUDA_HOME:-/usr/local/cuda}
+  if [[ -x "$toolkit/bin/nvcc" ]]; then
+    bash scripts/cuda-with-curand.sh "$toolkit" "$VENV/cuda" "$VENV/bin/python" >/dev/null ||
+      echo "setup-venv: no cuRAND headers for $toolkit; speculative_sampling will not build" >&2
+  fi
+fi
 rm -f "$VENV"/.ddeploy-"$MODE"-*
 touch "$stamp"
 echo "setup-venv: $VENV ready ($MODE)"

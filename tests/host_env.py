@@ -28,18 +28,35 @@ KERNEL_CORE = "python/sglang/kernels/jit/csrc/speculative/ddtree_core.cuh"
 BROKEN_TEST = "test/srt/ddtree/test_ddtree_kernel_broken.py"
 
 
-def make_host_python(venv: Path, checkout: Path) -> Path:
-    """A venv whose python imports sglang from `checkout` and packages from the shared venv."""
+# The toolkit setup-venv.sh --full completed with cuRAND's headers (SGLang's sampling kernel needs them).
+VENV_CUDA = Path(sys.prefix) / "cuda"
+TOOLKIT = VENV_CUDA if VENV_CUDA.exists() else Path("/usr/local/cuda")
+
+
+def make_host_python(venv: Path, checkout: Path, *, without: str | None = None) -> Path:
+    """A venv whose python imports sglang from `checkout` and packages from the shared venv
+    (all of them but the distribution `without`, e.g. "flashinfer": a host env that lacks it)."""
     python = venv / "bin" / "python"
     if not python.exists():
         base = getattr(sys, "_base_executable", None) or sys.executable
         subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
     shared = sysconfig.get_paths()["purelib"]
+    if without:
+        shared = str(site_packages_without(Path(shared), without, venv / "shared-site-packages"))
     site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
     # Line 1 is a path (the editable checkout); line 2 runs site.addsitedir so the shared venv's
     # own .pth files are honoured too.
     (site / "ddeploy-test-host.pth").write_text(f"{checkout / 'python'}\nimport site; site.addsitedir({shared!r})\n")
     return python
+
+
+def site_packages_without(shared: Path, name: str, dest: Path) -> Path:
+    """`dest`: links to every entry of `shared` except package `name` and its dist-info."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in shared.iterdir():
+        if entry.name != name and not entry.name.startswith(f"{name}_python-"):
+            (dest / entry.name).symlink_to(entry)
+    return dest
 
 
 def start_python_fleet(root: Path, count: int = 2) -> SshdFleet:
@@ -51,7 +68,7 @@ def start_python_fleet(root: Path, count: int = 2) -> SshdFleet:
             edit_inventory(
                 fleet.inventory_dir / f"{h.name}.yaml",
                 python=str(python),
-                env={"DDEPLOY_JIT_CACHE_ROOT": str(h.root / "jit")},
+                env={"DDEPLOY_JIT_CACHE_ROOT": str(h.root / "jit"), "CUDA_HOME": str(TOOLKIT)},
             )
     except BaseException:
         fleet.close()

@@ -1,8 +1,10 @@
 """`ddeploy build` on real sshd hosts: real nvcc compiles through SGLang's JIT loader.
 
-Compiles are the expensive part (6-10 s per module per arch on 2 cores): the first build of k1
-(sm_120) and k2 (sm_103) happens once per session (`built`); the rebuild test adds one source
-hash on k1. Every failure case stops before nvcc runs.
+Compiles are the expensive part (6-10 s per module per arch on 2 cores, 25-40 s for SGLang's
+sampling verify, which includes flashinfer's headers): the first build of k1 (sm_120) and k2
+(sm_103) happens once per session (`built`); the rebuild test adds one source hash on k1 (the
+sampling module is reused); the host python without flashinfer compiles the other two once more.
+Every failure case stops before nvcc runs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import subprocess
 
 import pytest
 
-from host_env import jit_leaves, variant_inventory
+from host_env import TOOLKIT, jit_leaves, make_host_python, variant_inventory
 
 pytestmark = [pytest.mark.sshd, pytest.mark.nvcc]
 
@@ -27,8 +29,13 @@ MISSING = (
     if not os.path.exists(NVCC)
     else "SGLang's runtime packages are not installed (scripts/setup-venv.sh --full)"
     if importlib.util.find_spec("tvm_ffi") is None
+    else "flashinfer's headers are not installed (scripts/setup-venv.sh --full)"
+    if importlib.util.find_spec("flashinfer") is None
+    else f"the CUDA toolkit {TOOLKIT} has no cuRAND headers (scripts/setup-venv.sh --full makes one)"
+    if not (TOOLKIT / "include" / "curand.h").exists()
     else None
 )
+MODULES = ("speculative_ddtree", "speculative_tree", "speculative_sampling")
 needs_nvcc = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 
@@ -76,7 +83,7 @@ def test_build_compiles_for_each_hosts_arch_and_records_it(built, python_hosts):
     k1, k2 = python_hosts.hosts
     for host, tag, compute in ((k1, "sm120", "compute_120"), (k2, "sm103", "compute_103")):
         digest = source_hash(host)
-        for module in ("speculative_ddtree", "speculative_tree"):
+        for module in MODULES:
             [leaf] = jit_leaves(host.root, module)
             assert leaf.parts[-5] == tag + ("f" if tag == "sm120" else "a")
             assert leaf.parts[-6] == digest[:16]  # one cache dir per kernel-source hash
@@ -85,12 +92,14 @@ def test_build_compiles_for_each_hosts_arch_and_records_it(built, python_hosts):
         assert rec["ok"] and rec["nvcc"] == "13.0" and rec["source_hash"] == digest and rec["version"] == "0.1.0"
         assert rec["cache_dir"] == str(host.root / "jit" / digest[:16])
         modules = {m["module"]: m for m in rec["modules"]}
-        assert modules["speculative_ddtree"]["status"] == "built"
-        assert modules["speculative_sampling"]["status"] == "skipped"
-        assert "flashinfer" in modules["speculative_sampling"]["reason"]
+        assert {name: m["status"] for name, m in modules.items()} == dict.fromkeys(MODULES, "built")
+        assert modules["speculative_sampling"]["path"] == str(jit_leaves(host.root, "speculative_sampling")[0])
         assert host.git("status", "--porcelain") == ""  # bytecode went into .git, not the work tree
     assert "[k1] ddtree_build: built speculative_ddtree arch=12.0" in built.stderr
     assert "[k2] ddtree_build: built speculative_tree arch=10.3" in built.stderr
+    assert "[k1] ddtree_build: built speculative_sampling arch=12.0" in built.stderr
+    assert "[k2] ddtree_build: built speculative_sampling arch=10.3" in built.stderr
+    assert "speculative_ddtree built, speculative_tree built, speculative_sampling built" in built.stderr
     assert (
         f"SGLANG_JIT_CACHE_DIR={k1.root / 'jit' / source_hash(k1)[:16]} SGLANG_CRASH_ON_JIT_COMPILE=1" in built.stderr
     )
@@ -133,8 +142,9 @@ def test_changed_kernel_source_rebuilds_and_rollback_reuses_the_old_build(cli, b
     assert dirs == {old_hash[:16], new_hash[:16]}
     rec = state_of(k1)["builds"]["sm_120"]
     assert rec["source_hash"] == new_hash
-    # Only the DDTree kernel depends on the changed source: SGLang's tree module is reused.
-    assert {m["module"]: m["status"] for m in rec["modules"]}["speculative_tree"] == "cached"
+    # Only the DDTree kernel depends on the changed source: SGLang's own modules are reused.
+    statuses = {m["module"]: m["status"] for m in rec["modules"]}
+    assert statuses == {"speculative_ddtree": "built", "speculative_tree": "cached", "speculative_sampling": "cached"}
     # Back to 0.1.0: its build is still cached, so push --build finds nothing to compile.
     r = cli("push", "--host", "k1", "--version", str(kernel_sets["good"]), "--build", inventory=fleet.inventory_dir)
     assert r.code == 0, r.stderr
@@ -177,7 +187,7 @@ def test_an_arch_the_toolkit_lacks_fails_clearly(cli, fleet, tmp_path):
     inv = variant_inventory(fleet, tmp_path / "inv", "k1", gpu={"arch": "sm_70"})
     r = cli("build", "--host", "k1", inventory=inv)
     assert r.code == 8, r.stderr
-    assert "nvcc 13.0 at /usr/local/cuda/bin/nvcc cannot build sm_70 (its --list-gpu-arch: compute_75" in r.stderr
+    assert f"nvcc 13.0 at {TOOLKIT}/bin/nvcc cannot build sm_70 (its --list-gpu-arch: compute_75" in r.stderr
 
 
 def test_an_nvcc_too_old_for_sm103_fails_clearly(cli, fleet, tmp_path):
@@ -251,3 +261,32 @@ def test_a_compile_error_fails_the_host_with_nvccs_diagnostics(cli, built, fleet
     r = cli("build", "--host", "k1", inventory=fleet.inventory_dir)  # the good build is still there
     assert r.code == 0 and "nothing to build" in r.stderr, r.stderr
     assert state_of(k1)["builds"]["sm_120"]["ok"] is True
+
+
+@needs_nvcc
+def test_a_host_python_without_flashinfer_skips_the_sampling_kernel_and_says_why(cli, fleet, kernel_sets, tmp_path):
+    from deployer.patchset.sglang_base import clone_base
+
+    # k1 with a second checkout (its own state, k1's stays as it is) and a python env that lacks flashinfer.
+    checkout = tmp_path / "sglang"
+    clone_base(checkout)
+    python = make_host_python(tmp_path / "venv", checkout, without="flashinfer")
+    env = {"DDEPLOY_JIT_CACHE_ROOT": str(tmp_path / "jit")}
+    inv = variant_inventory(fleet, tmp_path / "inv", "k1", checkout=str(checkout), python=str(python), env=env)
+    r = cli("push", "--host", "k1", "--version", str(kernel_sets["good"]), "--build", inventory=inv)
+    assert r.code == 0, r.stderr
+    assert (
+        "[k1] ddtree_build: skipped speculative_sampling arch=12.0: flashinfer is not installed in this python env "
+        "(speculative_sampling needs its headers)" in r.stderr
+    )
+    assert "speculative_ddtree built, speculative_tree built, speculative_sampling skipped" in r.stderr
+    assert jit_leaves(tmp_path, "speculative_sampling") == [] and len(jit_leaves(tmp_path, "speculative_tree")) == 1
+    state = subprocess.run(
+        ["git", "-C", str(checkout), "cat-file", "blob", "refs/ddeploy/state:state.json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    modules = {m["module"]: m for m in json.loads(state.stdout)["builds"]["sm_120"]["modules"]}
+    assert modules["speculative_sampling"]["status"] == "skipped"
+    assert "flashinfer is not installed" in modules["speculative_sampling"]["reason"]

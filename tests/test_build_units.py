@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +112,15 @@ def test_prebuild_reads_arch_spellings(text, want):
 def test_prebuild_rejects_a_bad_arch():
     with pytest.raises(ValueError, match="expected e.g. 12.0"):
         _ddtree_build().parse_arch("blackwell")
+
+
+def test_prebuild_skips_the_sampling_kernel_on_a_toolkit_without_curand(tmp_path):
+    if any(Path(d, "curand.h").exists() for d in ("/usr/include", "/usr/local/include")):
+        pytest.skip("this machine has cuRAND's headers outside any toolkit")
+    toolkit = tmp_path / "cuda-13.0"
+    (toolkit / "targets" / "x86_64-linux" / "include").mkdir(parents=True)
+    build = _ddtree_build()
+    reason = build.curand_skip_reason(toolkit)
+    assert reason.startswith(f"the CUDA toolkit at {toolkit} has no cuRAND headers (curand.h, which flashinfer's")
+    (toolkit / "targets" / "x86_64-linux" / "include" / "curand.h").write_text("")
+    assert build.curand_skip_reason(toolkit) is None

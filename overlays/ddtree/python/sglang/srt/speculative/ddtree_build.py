@@ -7,7 +7,8 @@ cache keys are exactly the ones a server computes at run time):
   * ``speculative_ddtree``   the DDTree tree-build kernel (ddtree_kernel.py),
   * ``speculative_tree``     SGLang's tree module (greedy verify),
   * ``speculative_sampling`` SGLang's sampling verify, when flashinfer's headers are
-                             installed (skipped with the reason otherwise).
+                             installed and the toolkit has cuRAND's (skipped with
+                             the reason otherwise).
 into ``$SGLANG_JIT_CACHE_DIR``. Serve afterwards with the same SGLANG_JIT_CACHE_DIR and
 SGLANG_CRASH_ON_JIT_COMPILE=1, so a missed build fails loudly instead of compiling per
 rank.
@@ -155,7 +156,25 @@ def sampling_skip_reason() -> Optional[str]:
         REGISTERED_DEPENDENCIES["flashinfer"]()
     except Exception as exc:
         return f"flashinfer headers not usable: {' '.join(str(exc).split())}"
-    return None
+    from sglang.kernels.jit.utils.compile.toolchain import cuda_home
+
+    return curand_skip_reason(Path(cuda_home()))
+
+
+def curand_skip_reason(home: Path) -> Optional[str]:
+    """flashinfer's sampling.cuh includes <curand.h>; a toolkit assembled from pip
+    wheels lacks it, and nvcc would fail the whole build on it."""
+    dirs = [home / "include", *home.glob("targets/*/include")]
+    for var in ("CPATH", "CPLUS_INCLUDE_PATH"):
+        dirs += [Path(d) for d in os.environ.get(var, "").split(os.pathsep) if d]
+    dirs += [Path("/usr/local/include"), Path("/usr/include")]
+    if any((d / "curand.h").is_file() for d in dirs):
+        return None
+    return (
+        f"the CUDA toolkit at {home} has no cuRAND headers (curand.h, which "
+        "flashinfer's sampling.cuh includes); install cuRAND's dev package for "
+        "this CUDA version or point CUDA_HOME at a full toolkit"
+    )
 
 
 MODULES = ("speculative_ddtree", "speculative_tree", "speculative_sampling")
