@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from .. import errors
 from ..inventory import Host
-from .connection import Connection, last_line, open_connection
+from .connection import Connection, killed_by, last_line, open_connection
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
 R = TypeVar("R")
@@ -75,6 +75,12 @@ class AgentSession:
             [self.host.python, "-", op], input=agent_program(req), check=False, stream=stream, timeout=timeout
         )
         lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+        if res.signal:  # not a cut connection: the host is up, the agent is gone
+            raise errors.RemoteCommandError(
+                f"the agent process on {self.host.name} died (killed by {killed_by(res.signal)}) during `{op}`; "
+                f"`ddeploy status --host {self.host.name}` shows what it left",
+                host=self.host.name,
+            )
         if res.rc != 0 or not lines:
             raise self._fail(f"failed with exit {res.rc}: {last_line(res.stderr)} (Python >= 3.8 needed)")
         try:

@@ -17,6 +17,7 @@ import logging
 import os
 import select
 import shlex
+import signal
 import socket
 import subprocess
 import threading
@@ -69,10 +70,22 @@ class RunResult:
     rc: int
     stdout: str
     stderr: str
+    signal: str | None = None  # "KILL", ...: the process was killed by this signal (rc is then 128 + its number)
 
     @property
     def ok(self) -> bool:
         return self.rc == 0
+
+
+def killed_by(name: str) -> str:
+    """`SIGKILL` for "KILL" (the SSH exit-signal name) or "SIGKILL" (Python's)."""
+    return name if name.startswith("SIG") else f"SIG{name}"
+
+
+def signal_rc(name: str) -> int:
+    """A shell's exit code for a process killed by this signal (128 + its number; 255 if unknown)."""
+    number = getattr(signal, killed_by(name), None)
+    return 128 + int(number) if number is not None else 255
 
 
 def quote_argv(argv: list[str]) -> str:
@@ -96,9 +109,12 @@ def last_line(*texts: str, default: str = "no output") -> str:
 
 
 def _check(host: str, argv: list[str], res: RunResult, check: bool) -> RunResult:
+    what = f"`{argv[0]} {' '.join(argv[1:3])}...`"
+    if check and res.signal:
+        raise RemoteCommandError(f"{what} was killed by {killed_by(res.signal)}", host=host)
     if check and res.rc != 0:
         last = last_line(res.stderr, res.stdout)
-        raise RemoteCommandError(f"`{argv[0]} {' '.join(argv[1:3])}...` exited {res.rc}: {last}", host=host)
+        raise RemoteCommandError(f"{what} exited {res.rc}: {last}", host=host)
     return res
 
 
@@ -196,6 +212,9 @@ class LocalConnection(Connection):
         except OSError as exc:
             return _check(self.name, argv, RunResult(127, "", f"{argv[0]}: {exc.strerror}"), check)
         out, err = _pump_local(proc, input, stream, timeout, self.name)
+        if proc.returncode < 0:  # killed by a signal, as an SSH host reports with exit-signal
+            name = signal.Signals(-proc.returncode).name
+            return _check(self.name, argv, RunResult(signal_rc(name), out, err, signal=name[3:]), check)
         return _check(self.name, argv, RunResult(proc.returncode, out, err), check)
 
     def rsync_to(self, local_path, remote_path, *, delete=False, checksum=False):
@@ -331,6 +350,7 @@ class SSHConnection(Connection):
             self.close()
             raise ConnectError(describe_connect_error(exc, target), host=self.name) from None
         self.fc.transport.set_keepalive(self.timeouts.keepalive)
+        _keep_exit_signals(self.fc.transport)
 
     def run(self, argv, *, cwd=None, env=None, check=True, timeout=None, stream=None, input=None):
         words = [*_env_prefix({**self.host.env, **(env or {})}), *argv]
@@ -398,6 +418,24 @@ class SSHConnection(Connection):
             fc = fc.gateway
 
 
+def _keep_exit_signals(transport: paramiko.Transport) -> None:
+    """paramiko ignores a channel's `exit-signal` (RFC 4254 6.10: the remote process was killed);
+    record its name on the channel so that is not mistaken for a cut connection."""
+    table = dict(transport._channel_handler_table)
+    table[paramiko.common.MSG_CHANNEL_REQUEST] = _channel_request
+    transport._channel_handler_table = table  # this transport only (its reader thread looks it up per message)
+
+
+def _channel_request(chan: paramiko.Channel, m: paramiko.Message) -> None:
+    start = m.packet.tell()
+    if m.get_text() == "exit-signal":
+        m.get_boolean()  # want_reply: always false for exit-signal
+        chan.exit_signal = m.get_text()  # "KILL", "SEGV", ...: the name without "SIG"
+        return
+    m.packet.seek(start)
+    paramiko.Channel._handle_request(chan, m)
+
+
 def _pump_channel(
     chan: paramiko.Channel, input: bytes | None, stream: Stream | None, timeout: float | None, host: str
 ) -> RunResult:
@@ -434,6 +472,9 @@ def _pump_channel(
             raise EOFError("the SSH transport closed")
     splitter.flush()
     rc = chan.recv_exit_status()
+    killed = getattr(chan, "exit_signal", None)
+    if rc == -1 and killed:  # the process died of a signal; the connection is fine
+        return RunResult(signal_rc(killed), out.decode(errors="replace"), err.decode(errors="replace"), killed)
     if rc == -1:  # the channel closed without an exit status: the connection went away
         raise EOFError("no exit status (connection cut)")
     return RunResult(rc, out.decode(errors="replace"), err.decode(errors="replace"))
