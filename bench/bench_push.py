@@ -12,7 +12,8 @@ Ansible and pyinfra come from --tools-venv (default /tmp/bench-venv: `python -m 
 /tmp/bench-venv && /tmp/bench-venv/bin/pip install ansible-core 'pyinfra>=3,<4'`), never from
 the project venv; a tool that is not installed is skipped. The tools run alternately, each
 repetition on freshly reset checkouts; medians of --reps. Also prints one `ssh host true` round
-trip and `ddeploy --version` / `--help` start-up times. Asserts nothing about timing.
+trip (timed in every round, beside the tools) and `ddeploy --version` / `--help` start-up times.
+Asserts nothing about timing.
 """
 
 from __future__ import annotations
@@ -172,6 +173,7 @@ def main() -> None:
     ap.add_argument("--version", help="patch set (version or directory); default: a small generated 3-patch set")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ddeploy-bench-") as tmp:
         os.environ.setdefault("DDEPLOY_CACHE_DIR", str(Path(tmp) / "cache"))
         real_base = Path.home() / ".cache" / "ddeploy" / "base"
@@ -191,10 +193,10 @@ def main() -> None:
             ssh = [
                 "ssh", "-F", str(fleet.ssh_config), h.name, "true",
             ]  # fmt: skip
-            rtt = statistics.median(timed(ssh) for _ in range(args.reps))
-            times: dict[tuple[str, int, str], list[float]] = {}
+            rtts, times = [], {}
             for n in sizes:
                 for _ in range(args.reps):
+                    rtts.append(timed(ssh))  # in every round too, so the ratio compares like with like
                     for tool in names:  # alternating: one repetition of each tool, then the next round
                         reset(fleet)
                         times.setdefault((tool, n, "first"), []).append(tools.run(tool, n))
@@ -202,6 +204,7 @@ def main() -> None:
             version, help_ = startup_times(args.reps)
         finally:
             fleet.close()
+    rtt = statistics.median(rtts)
     med = {k: statistics.median(v) for k, v in times.items()}
     rows = []
     for n in sizes:
@@ -215,6 +218,7 @@ def main() -> None:
         f"no-op push of 1 host / ssh round trip: {med[('ddeploy', sizes[0], 'no-op')] / rtt:.1f}x"
     )
     print(f"ddeploy --version {version:.2f} s, --help {help_:.2f} s")
+    print(f"load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
     print(table(rows, headers))
 
 

@@ -37,6 +37,18 @@ def test_run_quotes_every_argument_and_reports_exit_code(hosts, tmp_path):
         assert lines == ["one", "two"]
 
 
+@pytest.mark.parametrize("name", ["h1", "local"])
+def test_a_command_killed_by_a_signal_is_told_apart_from_a_cut_connection(hosts, name):
+    host = local_host() if name == "local" else _host(hosts, name)
+    with open_connection(host) as conn:
+        res = conn.run(["sh", "-c", "echo half; kill -KILL $$"], check=False)  # the SSH host sends exit-signal
+        assert (res.signal, res.rc, res.stdout) == ("KILL", 137, "half\n")
+        with pytest.raises(RemoteCommandError, match=rf"^\[{name}\] `sh -c echo half; kill -KILL \$\$...` was killed"
+                           r" by SIGKILL$"):  # fmt: skip
+            conn.run(["sh", "-c", "echo half; kill -KILL $$"])
+        assert conn.run(["true"]).ok  # the connection is still up
+
+
 def test_rsync_both_ways_with_mkpath(hosts, tmp_path):
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)

@@ -7,11 +7,14 @@ import json
 import subprocess
 import sys
 
-from deployer.transport.agent_client import AGENT_PATH, agent_program, agent_source
+import pytest
+
+from deployer.transport.agent_client import AGENT_PATH, BOOT, agent_program, agent_source
 
 
-def test_agent_is_python38_syntax_and_stdlib_only():
-    src = agent_source().decode()
+@pytest.mark.parametrize("part", ["agent", "boot program"])
+def test_agent_is_python38_syntax_and_stdlib_only(part):
+    src = agent_source().decode() if part == "agent" else BOOT.decode()
     tree = ast.parse(src, feature_version=(3, 8))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
@@ -91,3 +94,22 @@ def test_agent_source_and_request_travel_on_stdin_not_in_argv(tmp_path):
     )
     result = json.loads(proc.stdout)
     assert result["error"]["kind"] == "StateError" and secret in result["error"]["message"]
+
+
+def test_agent_bytecode_is_cached_per_source_and_a_damaged_cache_is_rebuilt(tmp_path):
+    """`python -S -` as on a host: the first call stores the bytecode, later calls load it; a
+    truncated file is compiled again and replaced."""
+    env = {"PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    def status() -> dict:
+        program = agent_program({"checkout": str(tmp_path / "nope")})
+        proc = subprocess.run([sys.executable, "-S", "-", "status"], input=program, capture_output=True, env=env)
+        return json.loads(proc.stdout)
+
+    assert status()["error"]["kind"] == "StateError"
+    [cached] = (tmp_path / "cache" / "ddeploy" / "agent").iterdir()
+    assert cached.suffix == ".marshal" and cached.stat().st_size > 10_000
+    assert oct((tmp_path / "cache" / "ddeploy" / "agent").stat().st_mode & 0o777) == "0o700"
+    cached.write_bytes(cached.read_bytes()[:100])  # a cut-off write
+    assert status()["error"]["kind"] == "StateError"
+    assert cached.stat().st_size > 10_000 and not list(cached.parent.glob("*.tmp"))

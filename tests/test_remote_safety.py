@@ -129,6 +129,23 @@ def test_connection_cut_mid_push_leaves_old_or_new_and_the_next_push_completes(h
     assert json.loads(h1.git("cat-file", "blob", "refs/ddeploy/state:state.json"))["applied"]["version"] == "0.1.0"
 
 
+def test_agent_killed_mid_push_is_reported_as_died_not_as_a_lost_connection(hosts, ddeploy, patch_sets):
+    h1 = hosts.hosts[0]
+    push = cli_process(hosts, "push", "--host", "h1", "--version", str(patch_sets["v1"]), pause="30")
+    wait_for(lambda: (lock_dir(h1) / "owner.json").exists(), what="the push to start on the host")
+    os.kill(json.loads((lock_dir(h1) / "owner.json").read_text())["pid"], signal.SIGKILL)
+    _out, err = push.communicate(timeout=60)
+    assert push.returncode == 6, err
+    died = "the agent process on h1 died (killed by SIGKILL) during `push`; `ddeploy status --host h1` shows what it"
+    died += " left"
+    assert re.search(r"^\[h1\] FAILED in [\d.]+s: " + re.escape(died) + "$", err, re.M), err
+    assert "connection lost" not in err
+    assert _tree_is_old_or_new(h1, hosts.base_tree) == "old"  # killed before the switch
+    r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"]))
+    assert r.code == 0 and "broke the stale lock" in r.stderr, r.stderr
+    assert (h1.checkout / VERSION_PY).read_text().endswith("# ddtree 0.1.0\n")
+
+
 def test_deploy_killed_mid_switch_is_completed_by_the_next_push(hosts, ddeploy, patch_sets):
     h2 = hosts.hosts[1]
     push = cli_process(hosts, "push", "--host", "h2", "--version", str(patch_sets["v1"]), pause="mid_switch:30")

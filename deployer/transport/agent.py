@@ -4,7 +4,7 @@ Run as `<python> -c <this source> OP` with a JSON request on stdin; prints one J
 stdout ({"ok": true, ...} or {"ok": false, "error": {"kind", "message"}}) and progress lines on
 stderr. OPs: status, state, plan, push, rollback, log, lock-status, lock-release (deploys), sources,
 build (kernel builds), test (overlay tests), launch, logs, stop (launched servers). The client
-runs it as `python - OP` with this source and the call on stdin (deployer/transport/agent_client.py),
+runs it as `python -S - OP` with this source and the call on stdin (deployer/transport/agent_client.py),
 or it runs as `python agent.py OP` with the request on stdin; the reply shapes
 are the pydantic models of deployer/transport/protocol.py.
 

@@ -1,5 +1,5 @@
-"""Connections to hosts: one interface for this machine (subprocess) and SSH hosts (paramiko via
-Fabric for commands, the system `rsync` over `ssh -F <same ssh_config>` for transfers).
+"""Connections to hosts: one interface for this machine (subprocess) and SSH hosts (paramiko for
+commands, the system `rsync` over `ssh -F <same ssh_config>` for transfers).
 
     with open_connection(host) as conn:
         res = conn.run(["git", "-C", host.checkout, "rev-parse", "HEAD"])   # RunResult(rc, stdout, stderr)
@@ -17,6 +17,7 @@ import logging
 import os
 import select
 import shlex
+import signal
 import socket
 import subprocess
 import threading
@@ -24,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from .ssh_config import Hop, load_ssh_config, resolve_hop  # first: it imports paramiko without invoke
 
 import paramiko
 from paramiko.ssh_exception import AuthenticationException, BadHostKeyException, NoValidConnectionsError, SSHException
@@ -69,10 +72,22 @@ class RunResult:
     rc: int
     stdout: str
     stderr: str
+    signal: str | None = None  # "KILL", ...: the process was killed by this signal (rc is then 128 + its number)
 
     @property
     def ok(self) -> bool:
         return self.rc == 0
+
+
+def killed_by(name: str) -> str:
+    """`SIGKILL` for "KILL" (the SSH exit-signal name) or "SIGKILL" (Python's)."""
+    return name if name.startswith("SIG") else f"SIG{name}"
+
+
+def signal_rc(name: str) -> int:
+    """A shell's exit code for a process killed by this signal (128 + its number; 255 if unknown)."""
+    number = getattr(signal, killed_by(name), None)
+    return 128 + int(number) if number is not None else 255
 
 
 def quote_argv(argv: list[str]) -> str:
@@ -96,9 +111,12 @@ def last_line(*texts: str, default: str = "no output") -> str:
 
 
 def _check(host: str, argv: list[str], res: RunResult, check: bool) -> RunResult:
+    what = f"`{argv[0]} {' '.join(argv[1:3])}...`"
+    if check and res.signal:
+        raise RemoteCommandError(f"{what} was killed by {killed_by(res.signal)}", host=host)
     if check and res.rc != 0:
         last = last_line(res.stderr, res.stdout)
-        raise RemoteCommandError(f"`{argv[0]} {' '.join(argv[1:3])}...` exited {res.rc}: {last}", host=host)
+        raise RemoteCommandError(f"{what} exited {res.rc}: {last}", host=host)
     return res
 
 
@@ -196,6 +214,9 @@ class LocalConnection(Connection):
         except OSError as exc:
             return _check(self.name, argv, RunResult(127, "", f"{argv[0]}: {exc.strerror}"), check)
         out, err = _pump_local(proc, input, stream, timeout, self.name)
+        if proc.returncode < 0:  # killed by a signal, as an SSH host reports with exit-signal
+            name = signal.Signals(-proc.returncode).name
+            return _check(self.name, argv, RunResult(signal_rc(name), out, err, signal=name[3:]), check)
         return _check(self.name, argv, RunResult(proc.returncode, out, err), check)
 
     def rsync_to(self, local_path, remote_path, *, delete=False, checksum=False):
@@ -263,15 +284,15 @@ class _RecordNewKey(paramiko.MissingHostKeyPolicy):
 
 
 class SSHConnection(Connection):
-    """An SSH host: paramiko (configured by Fabric from ssh_config) for commands, rsync for files."""
+    """An SSH host: paramiko (settings from the ssh_config, deployer/transport/ssh_config.py) for
+    commands, rsync for files."""
 
     def __init__(self, host: Host, *, accept_new_host_keys: bool = False, timeouts: Timeouts = Timeouts()):
-        import fabric  # heavy import, only when an SSH host is used
-
         self.host, self.timeouts = host, timeouts
+        self.clients: list[paramiko.SSHClient] = []  # the ProxyJump hops first, the host last
         self.ssh_config_path = _ssh_config_path(host)
         try:
-            self._configure(fabric, host, timeouts)
+            self.hop = self._resolve(host)
         except (paramiko.SSHException, ValueError, OSError) as exc:  # ConfigParseError, a non-integer Port, ...
             where = f"ssh_config {self.ssh_config_path}" if self.ssh_config_path else "the ssh settings"
             raise ConnectError(
@@ -279,58 +300,60 @@ class SSHConnection(Connection):
                 f"{str(exc).splitlines()[0] if str(exc) else ''}; fix it",
                 host=host.name,
             ) from None
-        self.known_hosts = _known_hosts_path(self.fc.ssh_config)
-        self._secure(self.fc, accept_new_host_keys)
-        self._open()
+        self.known_hosts = _known_hosts_path(self.hop.options)
+        self._open(accept_new_host_keys)
 
-    def _configure(self, fabric, host: Host, timeouts: Timeouts) -> None:
-        """Read the ssh_config and build the Fabric connection (and its ProxyJump gateway)."""
+    def _resolve(self, host: Host) -> Hop:
+        """The host's connection settings (and its ProxyJump hops) from the ssh_config."""
         spec = host.ssh
-        config = fabric.Config(runtime_ssh_path=str(self.ssh_config_path)) if self.ssh_config_path else fabric.Config()
-        connect_kwargs = {"banner_timeout": timeouts.banner, "auth_timeout": timeouts.auth, "allow_agent": False}
-        if spec.identity:
-            identity = Path(spec.identity).expanduser()
-            if not identity.is_file():
-                raise ConnectError(
-                    f"identity file {identity} (ssh.identity in {host.source}) does not exist; "
-                    f"fix the path or create the key",
-                    host=host.name,
-                )
-            connect_kwargs["key_filename"] = [str(identity)]
-        gateway = fabric.Connection(spec.jump, config=config.clone()) if spec.jump else None
-        self.fc = fabric.Connection(
-            spec.host,
-            user=spec.user,
-            port=spec.port,
-            config=config,
-            connect_timeout=int(timeouts.connect),
-            connect_kwargs=connect_kwargs,
-            **({"gateway": gateway} if gateway else {}),
-        )
+        if spec.identity and not Path(spec.identity).expanduser().is_file():
+            raise ConnectError(
+                f"identity file {Path(spec.identity).expanduser()} (ssh.identity in {host.source}) does not "
+                f"exist; fix the path or create the key",
+                host=host.name,
+            )
+        identity = str(Path(spec.identity).expanduser()) if spec.identity else None
+        config = load_ssh_config(self.ssh_config_path)
+        return resolve_hop(config, spec.host, user=spec.user, port=spec.port, identity=identity, jump=spec.jump)
 
-    def _secure(self, fc, accept_new: bool) -> None:
-        """Strict host keys on this hop and every ProxyJump hop (Fabric would auto-add them)."""
-        while fc is not None and not isinstance(fc, str):
-            if self.known_hosts.exists():
-                fc.client.load_host_keys(str(self.known_hosts))
-            policy = _RecordNewKey(self.known_hosts) if accept_new else paramiko.RejectPolicy()
-            fc.client.set_missing_host_key_policy(policy)
-            fc.connect_kwargs.setdefault("banner_timeout", self.timeouts.banner)
-            fc.connect_kwargs.setdefault("auth_timeout", self.timeouts.auth)
-            fc.connect_timeout = fc.connect_timeout or int(self.timeouts.connect)
-            fc = fc.gateway
-
-    def _open(self) -> None:
-        target = f"{self.fc.user}@{self.fc.host}:{self.fc.port}"
-        gw = self.fc.gateway
-        if gw is not None and not isinstance(gw, str):
-            target += f" (via ProxyJump {gw.user}@{gw.host}:{gw.port})"
+    def _open(self, accept_new: bool) -> None:
+        target = self.hop.target
+        if self.hop.gateway is not None:
+            target += f" (via ProxyJump {self.hop.gateway.target})"
         try:
-            self.fc.open()
+            self.transport = self._connect(self.hop, accept_new, is_target=True)
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
             self.close()
             raise ConnectError(describe_connect_error(exc, target), host=self.name) from None
-        self.fc.transport.set_keepalive(self.timeouts.keepalive)
+        self.transport.set_keepalive(self.timeouts.keepalive)
+        _keep_exit_signals(self.transport)
+
+    def _connect(self, hop: Hop, accept_new: bool, is_target: bool = False) -> paramiko.Transport:
+        """Connect to `hop` (through its gateway), strict host keys on every hop."""
+        sock = None
+        timeout = int(self.timeouts.connect) if is_target else (hop.connect_timeout or int(self.timeouts.connect))
+        if hop.gateway is not None:
+            through = self._connect(hop.gateway, accept_new)
+            sock = through.open_channel("direct-tcpip", (hop.hostname, hop.port), ("", 0), timeout=timeout)
+        elif hop.proxy_command:
+            sock = paramiko.ProxyCommand(hop.proxy_command)
+        client = paramiko.SSHClient()
+        self.clients.append(client)
+        if self.known_hosts.exists():
+            client.load_host_keys(str(self.known_hosts))
+        client.set_missing_host_key_policy(_RecordNewKey(self.known_hosts) if accept_new else paramiko.RejectPolicy())
+        client.connect(
+            hop.hostname,
+            port=hop.port,
+            username=hop.user,
+            key_filename=list(hop.key_filenames) or None,
+            timeout=timeout,
+            sock=sock,
+            banner_timeout=self.timeouts.banner,
+            auth_timeout=self.timeouts.auth,
+            **({"allow_agent": False} if is_target else {}),
+        )
+        return client.get_transport()
 
     def run(self, argv, *, cwd=None, env=None, check=True, timeout=None, stream=None, input=None):
         words = [*_env_prefix({**self.host.env, **(env or {})}), *argv]
@@ -339,7 +362,7 @@ class SSHConnection(Connection):
             line = f"cd {shlex.quote(str(cwd))} && {line}"
         timeout = timeout if timeout is not None else self.timeouts.command
         try:
-            chan = self.fc.transport.open_session()
+            chan = self.transport.open_session()
             chan.exec_command(line)
             res = _pump_channel(chan, input, stream, timeout, self.name)
         except (SSHException, OSError, EOFError) as exc:
@@ -389,13 +412,29 @@ class SSHConnection(Connection):
         self._rsync(self._remote(str(remote_path)), str(local_path), self.ssh_command(), False)
 
     def close(self) -> None:
-        fc = getattr(self, "fc", None)
-        while fc is not None and not isinstance(fc, str):
+        for client in reversed(getattr(self, "clients", [])):  # the host, then the hops it went through
             try:
-                fc.close()
+                client.close()
             except Exception:  # noqa: BLE001, S110 - closing a broken connection must not raise
                 pass
-            fc = fc.gateway
+
+
+def _keep_exit_signals(transport: paramiko.Transport) -> None:
+    """paramiko ignores a channel's `exit-signal` (RFC 4254 6.10: the remote process was killed);
+    record its name on the channel so that is not mistaken for a cut connection."""
+    table = dict(transport._channel_handler_table)
+    table[paramiko.common.MSG_CHANNEL_REQUEST] = _channel_request
+    transport._channel_handler_table = table  # this transport only (its reader thread looks it up per message)
+
+
+def _channel_request(chan: paramiko.Channel, m: paramiko.Message) -> None:
+    start = m.packet.tell()
+    if m.get_text() == "exit-signal":
+        m.get_boolean()  # want_reply: always false for exit-signal
+        chan.exit_signal = m.get_text()  # "KILL", "SEGV", ...: the name without "SIG"
+        return
+    m.packet.seek(start)
+    paramiko.Channel._handle_request(chan, m)
 
 
 def _pump_channel(
@@ -434,6 +473,9 @@ def _pump_channel(
             raise EOFError("the SSH transport closed")
     splitter.flush()
     rc = chan.recv_exit_status()
+    killed = getattr(chan, "exit_signal", None)
+    if rc == -1 and killed:  # the process died of a signal; the connection is fine
+        return RunResult(signal_rc(killed), out.decode(errors="replace"), err.decode(errors="replace"), killed)
     if rc == -1:  # the channel closed without an exit status: the connection went away
         raise EOFError("no exit status (connection cut)")
     return RunResult(rc, out.decode(errors="replace"), err.decode(errors="replace"))
