@@ -112,6 +112,25 @@ def test_a_second_edit_is_a_new_snapshot_replacing_the_first(cli, python_hosts, 
     assert yaml.safe_load(k1.git("cat-file", "blob", "refs/ddeploy/state:state.json"))["last"]["dev"] is True
 
 
+def test_the_host_keeps_only_the_newest_dev_snapshots_patches(cli, python_hosts, k1, patches_root, tmp_path):
+    overlay = mark_overlay(tmp_path, "m0")
+    sets = k1.checkout / ".git/ddeploy/sets"
+    released = sorted(d.name for d in sets.iterdir() if "+dev." not in d.name) if sets.is_dir() else []
+    shipped = []
+    for i in range(5):
+        (overlay / PROBE).write_text(f'MARK = "m{i}"\n')
+        r = cli("push", "--host", "k1", "--overlay", str(overlay), inventory=python_hosts.inventory_dir)
+        assert r.code == 0, r.stderr
+        shipped.append(state_of(k1)["applied"]["version"])
+    kept = sorted(d.name for d in sets.iterdir() if "+dev." in d.name)
+    assert len(kept) == 3 and all(any(v in d for d in kept) for v in shipped[-3:]), kept
+    assert sorted(d.name for d in sets.iterdir() if "+dev." not in d.name) == released
+    # Rollback to an older snapshot does not need its patch files: it returns to the recorded commit.
+    r = cli("rollback", "--host", "k1", "--to", shipped[0], inventory=python_hosts.inventory_dir)
+    assert r.code == 0, r.stderr
+    assert (k1.checkout / PROBE).read_text() == 'MARK = "m0"\n'
+
+
 def test_watch_runs_again_after_each_save_until_ctrl_c(cli, python_hosts, k1, patches_root, tmp_path, monkeypatch):
     import deployer.patchset.snapshot as snapshot
 

@@ -721,11 +721,29 @@ def op_push(repo: Repo, req: dict) -> dict:
                 progress("%s %s is already applied; nothing to do" % (spec["name"], spec["version"]))
                 return {"ok": True, "changed": False, "plan": p, "recovered": recovered}
             saved = save_edits(repo, p["drift"], req, "push") if p["drift"] else None
-            return dict(_push_apply(repo, req, f, p, patches, saved), recovered=recovered)
+            out = dict(_push_apply(repo, req, f, p, patches, saved), recovered=recovered)
+            prune_dev_sets(spec.get("dir"))
+            return out
         finally:
             release(repo)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+DEV_SETS_KEPT = 3
+
+
+def prune_dev_sets(current, keep: int = DEV_SETS_KEPT) -> None:
+    """After a dev snapshot is applied, keep only the newest `keep` dev snapshots' patch files
+    under .git/ddeploy/sets/ (each edit of the overlay ships one); released sets always stay.
+    Rollback never needs them: it returns to recorded commits."""
+    if not current or "+dev." not in os.path.basename(current):
+        return
+    root = os.path.dirname(current)
+    others = [os.path.join(root, d) for d in os.listdir(root) if "+dev." in d and d != os.path.basename(current)]
+    others.sort(key=lambda d: os.stat(d).st_mtime, reverse=True)
+    for old in others[keep - 1 :]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _push_apply(repo: Repo, req: dict, f: dict, p: dict, patches: list, saved) -> dict:
