@@ -154,6 +154,8 @@ class Tools:
 
 def reset(fleet: SshdFleet) -> None:
     fleet.reset()
+    # A first push is one from a client that never shipped the set to these hosts.
+    shutil.rmtree(Path(os.environ["DDEPLOY_CACHE_DIR"]) / "shipped", ignore_errors=True)
     for h in fleet.hosts:
         for d in TOOL_DIRS:
             shutil.rmtree(h.checkout / d, ignore_errors=True)

@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -234,3 +235,27 @@ def test_patch_set_altered_on_the_host_is_shipped_again(hosts, ddeploy, patch_se
     assert (h1.checkout / VERSION_PY).read_text().endswith("# ddtree 0.1.0\n")
     r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"]))
     assert "shipping" not in r.stderr and "already applied" in r.stderr  # one round trip when nothing to do
+
+
+def test_a_first_push_is_one_agent_call_and_a_lost_set_is_shipped_again(hosts, ddeploy, patch_sets, monkeypatch):
+    from deployer.locations import cache_dir
+    from deployer.transport.agent_client import AgentSession
+
+    calls: list[str] = []
+    real_call = AgentSession.call
+
+    def counting(self, op, *args, **kw):
+        calls.append(op)
+        return real_call(self, op, *args, **kw)
+
+    monkeypatch.setattr(AgentSession, "call", counting)
+    shutil.rmtree(cache_dir() / "shipped", ignore_errors=True)  # this client never shipped it
+    h1 = hosts.hosts[0]
+    r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"]))
+    assert r.code == 0 and "shipping ddtree 0.1.0" in r.stderr and calls == ["push"], (calls, r.stderr)
+    assert ddeploy("rollback", "--host", "h1").code == 0
+    shutil.rmtree(h1.checkout / ".git" / "ddeploy" / "sets")  # the host lost it; the client's note is stale
+    calls.clear()
+    r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"]))
+    assert r.code == 0 and "shipping ddtree 0.1.0" in r.stderr and calls == ["push", "push"], (calls, r.stderr)
+    assert (h1.checkout / VERSION_PY).read_text().endswith("# ddtree 0.1.0\n")

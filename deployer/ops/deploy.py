@@ -8,6 +8,7 @@ and returns the typed replies.
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 from ..errors import BaseTreeError, ConflictError, DriftError
 from ..inventory import Host
+from ..locations import cache_dir
 from ..patchset import PatchSet
 from ..transport.agent_client import AgentSession, agent_session
 from ..transport.protocol import (
@@ -150,18 +152,36 @@ def push_host(host: Host, ps: PatchSet, opts: Options, say: Say) -> Outcome:
     return Outcome(res, changed=res.changed)
 
 
+def shipped_marker(host: Host, ps: PatchSet) -> Path:
+    """Where this client notes that it shipped `ps` to `host` (a hint, never trusted: the agent
+    checks every patch's sha256 on the host and asks for the set again when it differs)."""
+    address = f"{host.ssh.host}:{host.ssh.port}" if host.ssh else host.connection
+    key = hashlib.sha256(f"{host.name}\0{address}\0{host.checkout}".encode()).hexdigest()[:16]
+    return cache_dir() / "shipped" / key / ps.fingerprint()
+
+
 def push_with(agent: AgentSession, ps: PatchSet, opts: Options, say: Say) -> PushReply:
-    """One round trip when the set is already on the host (a repeated push); else a second call on
-    the same connection carries the patches, which the agent keeps for next time."""
+    """One round trip either way: a set this client has not shipped to the host goes with the
+    first call; a set it has goes as checksums only, and in the rare case that the host lost or
+    altered it (the agent answers NeedShip) a second call on the same connection carries it."""
     remote_dir = set_dir(agent.host, ps)
-    request = {**options_request(opts), "set": set_request(ps, remote_dir=remote_dir, inline=False)}
-    res = agent.call("push", request, PushReply, stream=say, passthrough=("NeedShip",))
-    if isinstance(res, PushReply):
-        return res
+    marker = shipped_marker(agent.host, ps)
     kind = "dev snapshot " if ps.dev else ""
-    say(f"shipping {ps.name} {kind}{ps.version} ({len(ps.patches)} patches) to {remote_dir}")
-    request["set"] = set_request(ps, remote_dir=remote_dir, inline=True)
-    return agent.call("push", request, PushReply, stream=say)
+    shipping = f"shipping {ps.name} {kind}{ps.version} ({len(ps.patches)} patches) to {remote_dir}"
+    request = {**options_request(opts), "set": set_request(ps, remote_dir=remote_dir, inline=False)}
+    res = None
+    if marker.exists():
+        res = agent.call("push", request, PushReply, stream=say, passthrough=("NeedShip",))
+    if not isinstance(res, PushReply):
+        say(shipping)
+        request["set"] = set_request(ps, remote_dir=remote_dir, inline=True)
+        res = agent.call("push", request, PushReply, stream=say)
+        try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+        except OSError:
+            pass  # a read-only cache costs one more round trip next time, nothing else
+    return res
 
 
 def rollback_host(host: Host, opts: Options, say: Say) -> Outcome:
