@@ -458,8 +458,9 @@ def check_base(repo: Repo, commit: str, preimages: dict, spec: dict) -> dict:
 
 def need_merge_base(repo: Repo, mismatched: list) -> None:
     """--3way merges a mismatching file from the blob the patch was made against: it must be here."""
+    lost = set(missing_objects(repo, [m["expected"] for m in mismatched if m["expected"]]))  # one git call
     for m in mismatched:
-        if m["expected"] and missing_objects(repo, [m["expected"]]):
+        if m["expected"] in lost:
             raise Fail(
                 "BaseTreeError",
                 "%s: cannot 3-way merge %s: the base blob %s the patch was made against is not in this "
