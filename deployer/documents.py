@@ -63,7 +63,7 @@ def load_document(path: Path, model: type[M], error: type[DeployError], what: st
 
 
 class _Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 # --- manifest.yaml ------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .documents import field_error
 from .errors import InventoryError
 from .locations import cache_dir, inventory_candidates
 
@@ -176,6 +175,8 @@ def parse_host(data: object, source: str, index: int | None = None) -> Host:
     try:
         return Host.model_validate({**data, "source": source})
     except ValidationError as exc:
+        from .documents import field_error  # the one formatter; its module loads only for an error
+
         raise InventoryError(f"{where}: host '{name}': field {field_error(exc)}") from None
 
 

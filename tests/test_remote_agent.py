@@ -6,15 +6,16 @@ import ast
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
-from deployer.transport.agent_client import AGENT_PATH, BOOT, agent_program, agent_source
+from deployer.transport.agent_client import AGENT_PATH, BOOT, BOOTSTRAP, agent_argv, agent_source, agent_stdin
 
 
-@pytest.mark.parametrize("part", ["agent", "boot program"])
+@pytest.mark.parametrize("part", ["agent", "boot program", "bootstrap"])
 def test_agent_is_python38_syntax_and_stdlib_only(part):
-    src = agent_source().decode() if part == "agent" else BOOT.decode()
+    src = {"agent": agent_source().decode(), "boot program": BOOT.decode(), "bootstrap": BOOTSTRAP}[part]
     tree = ast.parse(src, feature_version=(3, 8))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
@@ -87,23 +88,44 @@ def test_plan_is_data_computed_before_anything_is_written(tmp_path, patch_sets):
 
 
 def test_agent_source_and_request_travel_on_stdin_not_in_argv(tmp_path):
-    """argv is only `python - OP` (what `ps` on the host shows); source and request come on stdin."""
+    """argv is only `python -S -c BOOTSTRAP OP` (what `ps` on the host shows): one fixed line;
+    the source and the request come on stdin."""
     secret = str(tmp_path / "nope-a-path-only-in-the-request")
-    proc = subprocess.run(
-        [sys.executable, "-", "status"], input=agent_program({"checkout": secret}), capture_output=True
-    )
+    argv = agent_argv(sys.executable, "status")
+    assert argv == [sys.executable, "-S", "-c", BOOTSTRAP, "status"] and len(BOOTSTRAP) < 100
+    proc = subprocess.run(argv, input=agent_stdin({"checkout": secret}), capture_output=True)
     result = json.loads(proc.stdout)
     assert result["error"]["kind"] == "StateError" and secret in result["error"]["message"]
 
 
+def test_agent_started_before_its_request_waits_for_it(tmp_path):
+    """The program goes first and the agent starts on it; the request may come later. An agent
+    that never gets one (the client gave up) ends with an error reply and touches nothing."""
+    checkout = tmp_path / "co"
+    checkout.mkdir()
+    argv = agent_argv(sys.executable, "status")
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdin.write(agent_stdin())
+    proc.stdin.flush()
+    time.sleep(0.3)  # the agent is up and reading
+    assert proc.poll() is None
+    proc.stdin.write(json.dumps({"checkout": str(checkout)}).encode())
+    out, _ = proc.communicate(timeout=30)
+    assert json.loads(out)["error"]["message"].startswith(f"{checkout} is not a git checkout")
+    proc = subprocess.run(argv, input=agent_stdin(), capture_output=True, timeout=30)
+    reply = json.loads(proc.stdout)
+    assert proc.returncode == 0 and reply["ok"] is False and "JSONDecodeError" in reply["error"]["message"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["co"] and not list(checkout.iterdir())
+
+
 def test_agent_bytecode_is_cached_per_source_and_a_damaged_cache_is_rebuilt(tmp_path):
-    """`python -S -` as on a host: the first call stores the bytecode, later calls load it; a
+    """`python -S -c BOOTSTRAP` as on a host: the first call stores the bytecode, later calls load it; a
     truncated file is compiled again and replaced."""
     env = {"PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": str(tmp_path / "cache")}
 
     def status() -> dict:
-        program = agent_program({"checkout": str(tmp_path / "nope")})
-        proc = subprocess.run([sys.executable, "-S", "-", "status"], input=program, capture_output=True, env=env)
+        stdin = agent_stdin({"checkout": str(tmp_path / "nope")})
+        proc = subprocess.run(agent_argv(sys.executable, "status"), input=stdin, capture_output=True, env=env)
         return json.loads(proc.stdout)
 
     assert status()["error"]["kind"] == "StateError"

@@ -55,20 +55,24 @@ def _push_args(fn):
 @click.pass_context
 def push(ctx, version, overlay, three_way, diff, dry_run, force, build_after):
     """Apply a patch set to the hosts' SGLang checkouts (atomically, recorded in git on the host)."""
-    from ..ops.deploy import push_host
-
     if diff and not dry_run:
         raise UsageError("--diff shows what push would change; add --dry-run (or use `ddeploy plan --diff`)")
-    ps = chosen_set(version, overlay)  # verified (checksums, path safety) before any host is touched
-    opts = _deploy_options(ctx, dry_run=dry_run, three_way=three_way, force=force, diff=diff)
-    op, describe = (lambda h, say: push_host(h, ps, opts, say)), (lambda res: _views().describe_push(res, ps))
-    if build_after and not dry_run:
-        from ..ops.kernel_build import BuildOptions, push_then_build
+    hosts = selection(ctx).hosts(ctx.obj)
+    with _early_agents(ctx, hosts) as early:
+        ps = chosen_set(version, overlay)  # verified (checksums, path safety) before anything runs on a host
+        early.start("plan" if dry_run else "sources" if build_after else "push")
+        from ..ops.deploy import push_host
 
-        bopts = BuildOptions(accept_new_host_keys=opts.accept_new_host_keys, command=opts.command)
-        op = lambda h, say: push_then_build(h, ps, opts, bopts, say)  # noqa: E731
-        describe = lambda res: _views().describe_push_build(res, ps)  # noqa: E731
-    run(ctx.obj, selection(ctx), op, describe, report=_plan_report(ctx, describe) if diff else None)
+        opts = _deploy_options(ctx, dry_run=dry_run, three_way=three_way, force=force, diff=diff, early=early)
+        op, describe = (lambda h, say: push_host(h, ps, opts, say)), (lambda res: _views().describe_push(res, ps))
+        if build_after and not dry_run:
+            from ..ops.kernel_build import BuildOptions, push_then_build
+
+            bopts = BuildOptions(accept_new_host_keys=opts.accept_new_host_keys, command=opts.command)
+            op = lambda h, say: push_then_build(h, ps, opts, bopts, say)  # noqa: E731
+            describe = lambda res: _views().describe_push_build(res, ps)  # noqa: E731
+        report = _plan_report(ctx, describe) if diff else None
+        run(ctx.obj, selection(ctx), op, describe, report=report, hosts=hosts)
 
 
 @cli.command()
@@ -77,13 +81,25 @@ def push(ctx, version, overlay, three_way, diff, dry_run, force, build_after):
 @click.pass_context
 def plan(ctx, version, overlay, three_way, diff):
     """What `push` would do per host (patches, files, conflicts, drift); writes nothing."""
-    from ..ops.deploy import plan_host
+    hosts = selection(ctx).hosts(ctx.obj)
+    with _early_agents(ctx, hosts) as early:
+        ps = chosen_set(version, overlay)
+        early.start("plan")
+        from ..ops.deploy import plan_host
 
-    ps = chosen_set(version, overlay)
-    opts = _deploy_options(ctx, dry_run=True, three_way=three_way, diff=diff)
-    op = lambda h, say: plan_host(h, ps, opts, say)  # noqa: E731
-    describe = lambda res: _views().describe_push(res, ps)  # noqa: E731
-    run(ctx.obj, selection(ctx), op, describe, report=_plan_report(ctx, describe) if diff else None)
+        opts = _deploy_options(ctx, dry_run=True, three_way=three_way, diff=diff, early=early)
+        op = lambda h, say: plan_host(h, ps, opts, say)  # noqa: E731
+        describe = lambda res: _views().describe_push(res, ps)  # noqa: E731
+        run(ctx.obj, selection(ctx), op, describe, report=_plan_report(ctx, describe) if diff else None, hosts=hosts)
+
+
+def _early_agents(ctx: click.Context, hosts):
+    """Connect to the first hosts the fleet runs while this process verifies the patch set
+    (deployer/transport/agent_client.py: EarlyAgents)."""
+    from ..transport.agent_client import EarlyAgents
+
+    sel = selection(ctx)
+    return EarlyAgents(hosts[: sel.parallel], accept_new_host_keys=sel.accept_new_host_keys, command=ctx.obj.command)
 
 
 def _plan_report(ctx: click.Context, describe):

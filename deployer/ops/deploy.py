@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from ..errors import BaseTreeError, ConflictError, DriftError
 from ..inventory import Host
 from ..locations import cache_dir
 from ..patchset import PatchSet
-from ..transport.agent_client import AgentSession, agent_session
+from ..transport.agent_client import AgentSession, EarlyAgents, agent_session
 from ..transport.protocol import (
     Applied,
     BaseCheck,
@@ -49,6 +49,7 @@ class Options:
     command: str = "ddeploy"
     to: str | None = None
     diff: bool = False  # plan / push --dry-run: also the unified diff push would make
+    early: EarlyAgents | None = field(default=None, compare=False, repr=False)  # sessions opened ahead
 
 
 class HostStatus(Record):
@@ -67,7 +68,7 @@ class HostStatus(Record):
 
 
 def session(host: Host, opts: Options):
-    return agent_session(host, accept_new_host_keys=opts.accept_new_host_keys, command=opts.command)
+    return agent_session(host, accept_new_host_keys=opts.accept_new_host_keys, command=opts.command, early=opts.early)
 
 
 def ensure_local_checkout(host: Host, say: Say) -> None:

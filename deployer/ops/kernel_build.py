@@ -19,7 +19,7 @@ from ..inventory import Host
 from ..patchset import PatchSet
 from ..transport.agent_client import AgentSession, agent_session
 from ..transport.protocol import BuildReply, PushReply, Record, SourcesReply, Target
-from .deploy import Options, ensure_local_checkout, push_with
+from .deploy import Options, ensure_local_checkout, push_with, session
 from .outcome import Outcome, Say
 
 CACHE_ROOT_ENV = "DDEPLOY_JIT_CACHE_ROOT"  # inventory `env:` key overriding the host's JIT cache root
@@ -70,7 +70,7 @@ def build_host(host: Host, opts: BuildOptions, say: Say) -> Outcome:
 def push_then_build(host: Host, ps: PatchSet, popts: Options, bopts: BuildOptions, say: Say) -> Outcome:
     """`push --build` over one connection: build only when the push changed the kernel sources."""
     ensure_local_checkout(host, say)
-    with agent_session(host, accept_new_host_keys=popts.accept_new_host_keys, command=popts.command) as agent:
+    with session(host, popts) as agent:  # its first call is `sources` (the early one, if opened ahead)
         before = agent.call("sources", {}, SourcesReply).source_hash
         pushed = push_with(agent, ps, popts, say)
         if not pushed.changed:

@@ -1,12 +1,11 @@
 """ddeploy's host-side helper: one transaction per host per command (stdlib only, Python >= 3.8).
 
-Run as `<python> -c <this source> OP` with a JSON request on stdin; prints one JSON object on
-stdout ({"ok": true, ...} or {"ok": false, "error": {"kind", "message"}}) and progress lines on
-stderr. OPs: status, state, plan, push, rollback, log, lock-status, lock-release (deploys), sources,
-build (kernel builds), test (overlay tests), launch, logs, stop (launched servers). The client
-runs it as `python -S - OP` with this source and the call on stdin (deployer/transport/agent_client.py),
-or it runs as `python agent.py OP` with the request on stdin; the reply shapes
-are the pydantic models of deployer/transport/protocol.py.
+Prints one JSON object on stdout ({"ok": true, ...} or {"ok": false, "error": {"kind",
+"message"}}) and progress lines on stderr. OPs: status, state, plan, push, rollback, log,
+lock-status, lock-release (deploys), sources, build (kernel builds), test (overlay tests), launch,
+logs, stop (launched servers). The client runs it as `python -S -c BOOTSTRAP OP` with this source,
+then the JSON request, on stdin (deployer/transport/agent_client.py); `python agent.py OP` with
+the request on stdin runs it too. The reply shapes are the pydantic models of deployer/transport/protocol.py.
 
 Why one program on the host: a push is a single round trip and a single transaction. Patch
 commits are built in a private index (the work tree is untouched until they all exist), the switch
@@ -1799,5 +1798,5 @@ def main(argv: list, request=None) -> int:
     return 0
 
 
-if __name__ == "__main__" and sys.argv[0] != "-":  # `python agent.py OP` < request; `python -` gets its own call
+if __name__ == "__main__":  # `python agent.py OP` < request (the client's boot program calls main itself)
     sys.exit(main(sys.argv))

@@ -1,13 +1,16 @@
 """Talk to the host-side agent (deployer/transport/agent.py): one JSON request in, one JSON reply out.
 
-The agent is stdlib-only and runs with the host's inventory `python` as `python -S - OP` (-S: no
-site-packages, whose .pth hooks can cost more than the agent's work): its source, as a bytes
-literal in a small boot program, and the call with the request come on stdin, so nothing has to
-be installed on a host, client and agent can never be out of step, and neither the source nor
-the request shows in `ps` on the host. The boot program keeps the agent's bytecode in
-~/.cache/ddeploy/agent/ on the host (one file per agent source and Python, like __pycache__), so
-a call does not compile its 1,600 lines again. Every reply is validated into its model from
-deployer/transport/protocol.py.
+The agent is stdlib-only and runs with the host's inventory `python` as `python -S -c BOOTSTRAP
+OP` (-S: no site-packages, whose .pth hooks can cost more than the agent's work). BOOTSTRAP is one
+fixed line that reads the program from stdin: first its length, then the boot program with the
+agent's source as a bytes literal; the request (JSON) follows it on stdin. So nothing has to be
+installed on a host, client and agent can never be out of step, neither the source nor the request
+shows in `ps` on the host, and the agent can start before the request exists: an EarlyAgents
+opens the connections and starts the agents while the client still prepares the request (the SSH
+handshake, the host's login shell and Python's start-up then overlap with the client's own work).
+The boot program keeps the agent's bytecode in ~/.cache/ddeploy/agent/ on the host (one file per
+agent source and Python, like __pycache__), so a call does not compile its 1,600 lines again.
+Every reply is validated into its model from deployer/transport/protocol.py.
 
     with agent_session(host, accept_new_host_keys=False) as agent:   # one SSH connection
         status = agent.call("status", {}, StatusReply, stream=say)
@@ -19,13 +22,16 @@ import functools
 import getpass
 import json
 import socket
+import threading
+import time
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
 from .. import errors
 from ..inventory import Host
-from .connection import Connection, killed_by, last_line, open_connection
+from .connection import Connection, StartedCommand, killed_by, last_line, open_connection
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
 R = TypeVar("R")
@@ -61,20 +67,36 @@ def _agent_code(src):
 """
 
 
+# What `python -S -c` runs on the host: read the program (its length first), run it. The program
+# then reads the request from the rest of stdin.
+BOOTSTRAP = "import sys; exec(sys.stdin.buffer.read(int(sys.stdin.buffer.readline())))"
+
+
 @functools.cache  # read once per process, not once per agent call on every host
 def agent_source() -> bytes:
     return AGENT_PATH.read_bytes()
 
 
 @functools.cache
-def _boot_program() -> bytes:
-    return BOOT + b"exec(_agent_code(%s))\n" % repr(agent_source()).encode()
+def agent_program() -> bytes:
+    """The boot program and the agent's source; the agent runs in its own namespace (so its
+    `if __name__ == "__main__"` stays false) and reads the request from stdin."""
+    return (
+        BOOT
+        + b'_ns = {"__name__": "ddeploy_agent"}\nexec(_agent_code(%s), _ns)\nsys.exit(_ns["main"](sys.argv))\n'
+        % (repr(agent_source()).encode())
+    )
 
 
-def agent_program(request: dict[str, Any]) -> bytes:
-    """What `python -` reads: the boot program with the agent's source, then the call with the
-    request (a Python string literal)."""
-    return _boot_program() + b"sys.exit(main(sys.argv, %s))\n" % repr(json.dumps(request)).encode()
+def agent_argv(python: str, op: str) -> list[str]:
+    return [python, "-S", "-c", BOOTSTRAP, op]
+
+
+def agent_stdin(request: dict[str, Any] | None = None) -> bytes:
+    """What the agent reads on stdin: the program (length-prefixed), then the request, if known."""
+    program = agent_program()
+    head = b"%d\n" % len(program) + program
+    return head + json.dumps(request).encode() if request is not None else head
 
 
 def who() -> str:
@@ -103,17 +125,24 @@ class AgentSession:
 
     def __init__(self, conn: Connection, host: Host, command: str = "ddeploy"):
         self.conn, self.host, self.command = conn, host, command
+        self._started: dict[str, StartedCommand] = {}
 
     def _fail(self, what: str) -> errors.RemoteCommandError:
         return errors.RemoteCommandError(
             f"the ddeploy agent ({self.host.python}) {what}; check `python` in the inventory", host=self.host.name
         )
 
+    def _start(self, op: str) -> StartedCommand:
+        return self.conn.start(agent_argv(self.host.python, op), first_input=agent_stdin())
+
+    def start(self, op: str) -> None:
+        """Start the agent for the next `op` call now; the call then only sends its request."""
+        self._started[op] = self._start(op)
+
     def _raw(self, op: str, request: dict[str, Any], stream, timeout) -> dict[str, Any]:
         req = {"op": op, "checkout": self.host.checkout, "by": who(), "command": self.command, **request}
-        res = self.conn.run(
-            [self.host.python, "-S", "-", op], input=agent_program(req), check=False, stream=stream, timeout=timeout
-        )
+        started = self._started.pop(op, None) or self._start(op)
+        res = started.finish(json.dumps(req).encode(), check=False, stream=stream, timeout=timeout)
         lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
         if res.signal:  # not a cut connection: the host is up, the agent is gone
             raise errors.RemoteCommandError(
@@ -159,10 +188,109 @@ class AgentSession:
             raise self._fail(_reply_problem(exc)) from None
 
 
+class EarlyAgents:
+    """Connections opened while the client still prepares the request, and the agents started on
+    them as soon as the client knows what it will ask (`start(op)`), before the request exists.
+
+    Most of a push's time on a host is the SSH handshake, the host's login shell and Python's
+    start-up. None of that needs the request, so it runs beside the client's own work (verifying
+    the patch set, importing what the call needs, building the request) instead of after it.
+    Nothing runs on a host before `start`: a command whose input turns out bad (a tampered patch
+    set) has only connected. Each host connects in its own thread; a failure (ConnectError) is
+    raised where the session is taken, so it is reported per host as before. Sessions never taken
+    (the client failed, --fail-fast) are closed; an agent that was started reads no request and
+    ends without touching the checkout.
+
+        with EarlyAgents(hosts[:parallel]) as early:  # handshakes begin
+            ps = load_patch_set(...)                  # verified while they run
+            early.start("push")                       # shells and agents start
+            with agent_session(host, early=early) as agent: agent.call("push", {...})
+    """
+
+    def __init__(self, hosts: list[Host], *, accept_new_host_keys: bool = False, command: str = "ddeploy"):
+        self.accept_new_host_keys, self.command = accept_new_host_keys, command
+        self._lock = threading.Lock()
+        self._go = threading.Event()
+        self._op: str | None = None
+        self._closed = False
+        self._futures: dict[str, Future[AgentSession]] = {}
+        for host in hosts:
+            if host.is_local or host.name in self._futures:
+                continue  # nothing to hide on this machine
+            future: Future[AgentSession] = Future()
+            self._futures[host.name] = future
+            thread = threading.Thread(target=self._open, args=(host, future), name=f"early-{host.name}", daemon=True)
+            thread.start()
+
+    def _open(self, host: Host, future: Future) -> None:
+        try:
+            session = AgentSession(
+                open_connection(host, accept_new_host_keys=self.accept_new_host_keys), host, self.command
+            )
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever takes the session
+            future.set_exception(exc)
+            return
+        self._go.wait()  # start() or close()
+        try:
+            if self._op is not None and not self._closed:
+                session.start(self._op)
+        except BaseException as exc:  # noqa: BLE001
+            session.conn.close()
+            future.set_exception(exc)
+            return
+        with self._lock:
+            abandoned = self._closed
+            if not abandoned:
+                future.set_result(session)
+        if abandoned:
+            session.conn.close()
+
+    def start(self, op: str, *, wait: float = 1.0) -> None:
+        """Start the agent for `op` on each host as soon as it is connected, and give that the
+        CPU first for up to `wait` seconds (the hosts' shells are the long pole; a host slower
+        than that to answer does not hold up the client)."""
+        self._op = op
+        self._go.set()
+        deadline = time.monotonic() + wait
+        for future in list(self._futures.values()):
+            try:
+                future.exception(timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                return
+
+    def take(self, host: Host) -> AgentSession | None:
+        """The host's early session (waiting for its connect), or None if it has none; raises the
+        connect's error."""
+        self._go.set()  # without a start(), sessions come without a started agent
+        with self._lock:
+            future = None if self._closed else self._futures.pop(host.name, None)
+        return future.result() if future is not None else None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            left, self._futures = list(self._futures.values()), {}
+        self._go.set()
+        for future in left:
+            if future.done() and future.exception() is None:
+                future.result().conn.close()
+            # not done yet: _open closes it when it gets there
+
+    def __enter__(self) -> "EarlyAgents":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 @contextmanager
 def agent_session(
-    host: Host, *, accept_new_host_keys: bool = False, command: str = "ddeploy"
+    host: Host, *, accept_new_host_keys: bool = False, command: str = "ddeploy", early: EarlyAgents | None = None
 ) -> Iterator[AgentSession]:
-    """One connection to the host for every agent call of a command (raises ConnectError)."""
-    with open_connection(host, accept_new_host_keys=accept_new_host_keys) as conn:
-        yield AgentSession(conn, host, command)
+    """One connection to the host for every agent call of a command (raises ConnectError); the
+    early one when `early` opened it."""
+    session = early.take(host) if early is not None else None
+    if session is None:
+        session = AgentSession(open_connection(host, accept_new_host_keys=accept_new_host_keys), host, command)
+    with session.conn:
+        yield session

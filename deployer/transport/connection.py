@@ -140,6 +140,28 @@ class _LineSplitter:
         self.buf = b""
 
 
+class StartedCommand:
+    """A command started before all of its input is known: `first_input` went with the start,
+    the rest goes with `finish`, which waits for the result. This one (the base and local
+    behaviour) simply runs the whole command at `finish`."""
+
+    def __init__(self, conn: "Connection", argv: list[str], cwd: str | None, env: dict[str, str] | None, first: bytes):
+        self.conn, self.argv, self.cwd, self.env, self.first_input = conn, argv, cwd, env, first
+
+    def finish(
+        self,
+        input: bytes | None = None,
+        *,
+        check: bool = True,
+        timeout: float | None = None,
+        stream: Stream | None = None,
+    ) -> RunResult:
+        data = self.first_input + (input or b"")
+        return self.conn.run(
+            self.argv, cwd=self.cwd, env=self.env, check=check, timeout=timeout, stream=stream, input=data
+        )
+
+
 class Connection:
     """Common interface; see LocalConnection and SSHConnection."""
 
@@ -161,6 +183,12 @@ class Connection:
         input: bytes | None = None,
     ) -> RunResult:
         raise NotImplementedError
+
+    def start(
+        self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None, first_input: bytes = b""
+    ) -> StartedCommand:
+        """Start argv now with the first part of its stdin; `.finish(rest)` for the result."""
+        return StartedCommand(self, argv, cwd, env, first_input)
 
     def rsync_to(
         self, local_path: Path | str, remote_path: str, *, delete: bool = False, checksum: bool = False
@@ -356,20 +384,21 @@ class SSHConnection(Connection):
         return client.get_transport()
 
     def run(self, argv, *, cwd=None, env=None, check=True, timeout=None, stream=None, input=None):
+        return self.start(argv, cwd=cwd, env=env).finish(input, check=check, timeout=timeout, stream=stream)
+
+    def start(self, argv, *, cwd=None, env=None, first_input=b""):
         words = [*_env_prefix({**self.host.env, **(env or {})}), *argv]
         line = quote_argv(words)
         if cwd:
             line = f"cd {shlex.quote(str(cwd))} && {line}"
-        timeout = timeout if timeout is not None else self.timeouts.command
         try:
             chan = self.transport.open_session()
             chan.exec_command(line)
-            res = _pump_channel(chan, input, stream, timeout, self.name)
+            if first_input:
+                chan.sendall(first_input)
         except (SSHException, OSError, EOFError) as exc:
-            raise ConnectError(
-                f"connection lost while running {argv[0]}: {exc or type(exc).__name__}", host=self.name
-            ) from None
-        return _check(self.name, argv, res, check)
+            raise _lost(self.name, argv, exc) from None
+        return _StartedChannel(self, argv, chan)
 
     def ssh_command(self) -> list[str]:
         """The system ssh with the same config, strict host keys and no prompts (for rsync)."""
@@ -417,6 +446,25 @@ class SSHConnection(Connection):
                 client.close()
             except Exception:  # noqa: BLE001, S110 - closing a broken connection must not raise
                 pass
+
+
+def _lost(host: str, argv: list[str], exc: BaseException) -> ConnectError:
+    return ConnectError(f"connection lost while running {argv[0]}: {exc or type(exc).__name__}", host=host)
+
+
+class _StartedChannel(StartedCommand):
+    """A command running on an SSH channel; `finish` sends the rest of stdin and collects."""
+
+    def __init__(self, conn: "SSHConnection", argv: list[str], chan: paramiko.Channel):
+        self.conn, self.argv, self.chan = conn, argv, chan
+
+    def finish(self, input=None, *, check=True, timeout=None, stream=None):
+        timeout = timeout if timeout is not None else self.conn.timeouts.command
+        try:
+            res = _pump_channel(self.chan, input, stream, timeout, self.conn.name)
+        except (SSHException, OSError, EOFError) as exc:
+            raise _lost(self.conn.name, self.argv, exc) from None
+        return _check(self.conn.name, self.argv, res, check)
 
 
 def _keep_exit_signals(transport: paramiko.Transport) -> None:

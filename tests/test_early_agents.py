@@ -1,0 +1,143 @@
+"""EarlyAgents on real sshd hosts: connections opened while the client prepares its request, the
+agent started only on `start`, the early agent used by the first call, failures reported where
+the session is taken, and nothing left running when the client gives up."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import time
+
+import pytest
+
+from deployer.errors import ConnectError
+from deployer.inventory import Inventory
+from deployer.transport.agent_client import EarlyAgents, agent_session
+from deployer.transport.protocol import StatusReply
+
+pytestmark = pytest.mark.sshd
+
+
+def logging_python(tmp_path, h):
+    """The host with a `python` that logs each start (its pid and the op: the agent's argv is
+    `python -S -c BOOTSTRAP OP`), then runs the real one in the same process."""
+    log = tmp_path / f"{h.name}-python.log"
+    wrapper = tmp_path / f"{h.name}-python"
+    wrapper.write_text(f'#!/bin/sh\necho "$$ $4" >> {log}\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return h.model_copy(update={"python": str(wrapper)}), log
+
+
+def starts(log) -> list[str]:
+    """The ops of the agents started so far."""
+    return [line.split()[1] for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def running(log) -> list[int]:
+    """The pids of the logged agents that are still running."""
+    pids = [int(line.split()[0]) for line in log.read_text().splitlines()] if log.exists() else []
+    return [pid for pid in pids if os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid)]
+
+
+def _state(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def wait_until(cond, limit=10.0):
+    deadline = time.monotonic() + limit
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return cond()
+
+
+def test_nothing_runs_on_a_host_before_start(hosts, tmp_path):
+    h1, log = logging_python(tmp_path, Inventory.load(hosts.inventory_dir).get("h1"))
+    with EarlyAgents([h1]) as early:
+        session = early.take(h1)  # connected; no agent was started (start was never called)
+        assert session is not None and starts(log) == []
+        session.conn.close()
+    with EarlyAgents([h1]):
+        time.sleep(0.5)  # the handshake happens; the client then gives up (a bad patch set)
+    assert starts(log) == []
+
+
+def test_the_first_call_uses_the_agent_started_early(hosts, tmp_path):
+    h1, log = logging_python(tmp_path, Inventory.load(hosts.inventory_dir).get("h1"))
+    with EarlyAgents([h1]) as early:
+        early.start("status")
+        assert wait_until(lambda: starts(log) == ["status"])  # running before the request exists
+        with agent_session(h1, early=early) as agent:
+            reply = agent.call("status", {}, StatusReply)
+            assert reply.facts.head == hosts.base_commit
+            assert starts(log) == ["status"]  # no second agent for that call
+            agent.call("status", {}, StatusReply)
+            assert starts(log) == ["status", "status"]  # later calls start their own
+    assert wait_until(lambda: running(log) == [])
+
+
+def test_an_agent_never_asked_ends_and_touches_nothing(hosts, tmp_path):
+    h1, log = logging_python(tmp_path, Inventory.load(hosts.inventory_dir).get("h1"))
+    before = hosts.hosts[0].git("for-each-ref"), hosts.hosts[0].git("status", "--porcelain")
+    with EarlyAgents([h1]) as early:
+        early.start("push")
+        assert wait_until(lambda: starts(log) == ["push"])
+    assert wait_until(lambda: running(log) == [])  # it read no request and ended
+    assert (hosts.hosts[0].git("for-each-ref"), hosts.hosts[0].git("status", "--porcelain")) == before
+    assert not (hosts.hosts[0].checkout / ".git" / "ddeploy").exists()
+
+
+def test_a_failed_early_connect_is_raised_where_the_session_is_taken(hosts):
+    inv = Inventory.load(hosts.inventory_dir)
+    hosts.hosts[2].stop()
+    h1, h3 = inv.get("h1"), inv.get("h3")
+    with EarlyAgents([h1, h3]) as early:
+        early.start("status")
+        with pytest.raises(ConnectError, match=r"^\[h3\] .*unreachable \(connection refused\)"):
+            with agent_session(h3, early=early):
+                pass
+        with agent_session(h1, early=early) as agent:
+            assert agent.call("status", {}, StatusReply).facts.head == hosts.base_commit
+
+
+def test_local_hosts_and_hosts_not_opened_early_connect_as_usual(hosts):
+    inv = Inventory.load(hosts.inventory_dir)
+    with EarlyAgents([inv.get("local")]) as early:
+        assert early.take(inv.get("local")) is None
+        early.start("status")
+        with agent_session(inv.get("h2"), early=early) as agent:  # not opened early: its own connect
+            assert agent.call("status", {}, StatusReply).facts.head == hosts.base_commit
+
+
+def test_push_starts_the_agent_only_for_a_verified_set(hosts, patch_sets, tmp_path):
+    """The CLI connects first, starts the agent once the set is verified, and uses it for the
+    push; a tampered set never gets an agent started on any host."""
+    import shutil
+
+    import yaml
+
+    from conftest import run_cli
+
+    inventory = tmp_path / "inventory"
+    inventory.mkdir()
+    h1, log = logging_python(tmp_path, Inventory.load(hosts.inventory_dir).get("h1"))
+    doc = yaml.safe_load((hosts.inventory_dir / "h1.yaml").read_text())
+    (inventory / "h1.yaml").write_text(yaml.safe_dump({**doc, "python": h1.python}))
+    tampered = tmp_path / "tampered"
+    shutil.copytree(patch_sets["v1"], tampered)
+    patch = tampered / "0002-wiring.patch"
+    patch.write_text(patch.read_text().replace("# ddtree 0.1.0", "# evil 0.1.0"))
+
+    r = run_cli("push", "--host", "h1", "--version", str(tampered), inventory=inventory)
+    assert r.code == 4 and "sha256" in r.stderr
+    time.sleep(0.5)
+    assert starts(log) == [] and not (hosts.hosts[0].checkout / ".git" / "ddeploy").exists()
+
+    r = run_cli("push", "--host", "h1", "--version", str(patch_sets["v1"]), inventory=inventory)
+    assert r.code == 0 and "applied ddtree 0.1.0" in r.stderr, r.stderr
+    assert starts(log) == ["push"]  # one agent, started before the request, did the push
+    r = run_cli("push", "--host", "h1", "--version", str(patch_sets["v1"]), "--dry-run", inventory=inventory)
+    assert r.code == 0 and starts(log) == ["push", "plan"]
