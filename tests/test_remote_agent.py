@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
 
 import pytest
 
+from deployer.transport import agent
 from deployer.transport.agent_client import AGENT_PATH, BOOT, BOOTSTRAP, agent_argv, agent_source, agent_stdin
 
 
@@ -135,3 +138,82 @@ def test_agent_bytecode_is_cached_per_source_and_a_damaged_cache_is_rebuilt(tmp_
     cached.write_bytes(cached.read_bytes()[:100])  # a cut-off write
     assert status()["error"]["kind"] == "StateError"
     assert cached.stat().st_size > 10_000 and not list(cached.parent.glob("*.tmp"))
+
+
+def _git(repo, *args, input=None) -> str:
+    return (
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, input=input)
+        .stdout.decode()
+        .strip()
+    )
+
+
+def test_a_noop_push_and_status_run_three_git_processes_each(tmp_path, patch_sets):
+    """The agent starts on every command: a push of the set already applied reads HEAD and the state
+    record with one `git cat-file --batch`, then checks the set's files (ls-tree, status); status
+    adds the whole-tree status and the branch. Counted with a `git` first on PATH that logs."""
+    from deployer.ops.deploy import Options, options_request, set_request
+    from deployer.patchset.release import load_patch_set
+    from deployer.patchset.sglang_base import clone_base
+
+    checkout = clone_base(tmp_path / "co")
+    ps = load_patch_set(str(patch_sets["v2"]))
+    log, bin_dir = tmp_path / "git.log", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text('#!/bin/sh\nprintf "%%s\\n" "$4" >> %s\nexec %s "$@"\n' % (log, shutil.which("git")))
+    (bin_dir / "git").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", XDG_CACHE_HOME=str(tmp_path / "cache"))
+
+    def call(op: str, request: dict) -> tuple[dict, list[str]]:
+        req = {"op": op, "checkout": str(checkout), "by": "t@x", "command": "test", **request}
+        log.write_text("")
+        stdin = agent_stdin(req)
+        proc = subprocess.run(agent_argv(sys.executable, op), input=stdin, capture_output=True, env=env)
+        return json.loads(proc.stdout), log.read_text().split()  # the git subcommand of each call
+
+    sets = str(checkout / ".git" / "ddeploy" / "sets" / ps.version)
+    push = options_request(Options())
+    first, _ = call("push", {**push, "set": set_request(ps, remote_dir=sets, inline=True)})
+    assert first["ok"] and first["changed"], first
+    noop, calls = call("push", {**push, "set": set_request(ps, remote_dir=sets, inline=False)})
+    assert noop["ok"] and noop["changed"] is False and noop["plan"]["action"] == "noop", noop
+    assert len(calls) <= 3, calls
+    status, calls = call("status", {})
+    facts = status["facts"]
+    assert facts["head"] == _git(checkout, "rev-parse", "HEAD") == first["applied"]["head"]
+    assert facts["tree"] == _git(checkout, "rev-parse", "HEAD^{tree}") and facts["branch"] == "main"
+    assert facts["state_commit"] == _git(checkout, "rev-parse", "refs/ddeploy/state")
+    assert facts["state"]["applied"]["version"] == "0.2.0" and facts["drift"] == []
+    assert len(calls) <= 3, calls
+
+
+def test_facts_read_head_and_the_state_record_as_rev_parse_and_cat_file_would(tmp_path):
+    """No record, a detached or unborn HEAD, an ambiguous branch name, a state.json that is not JSON
+    or not there (facts and read_state both read HEAD and the record in one git process)."""
+    from deployer.patchset.sglang_base import clone_base
+
+    co = clone_base(tmp_path / "co")
+    repo = agent.Repo(str(co))
+    head, tree = _git(co, "rev-parse", "HEAD"), _git(co, "rev-parse", "HEAD^{tree}")
+    f = agent.facts(repo)
+    assert (f["head"], f["tree"], f["branch"], f["state_commit"]) == (head, tree, "main", None)
+    assert f["state"] == {"schema": 1, "applied": None, "pre_deploy": None} and agent.read_state(repo)[0] is None
+    _git(co, "tag", "main")
+    assert agent.facts(repo)["branch"] == "heads/main"  # as `git symbolic-ref --short HEAD` has it
+    _git(co, "checkout", "-q", "--detach")
+    assert agent.facts(repo)["branch"] is None
+    agent.update_section(repo, "tests", lambda _old: {"ok": True}, "a record")
+    commit = _git(co, "rev-parse", "refs/ddeploy/state")
+    assert agent.read_state(repo) == (commit, {"schema": 1, "applied": None, "pre_deploy": None, "tests": {"ok": True}})
+    assert agent.facts(repo)["state_commit"] == commit
+    for content in ("not json", None):  # a state.json that is not JSON, a record without one
+        blob = _git(co, "hash-object", "-w", "--stdin", input=(content or "{}").encode())
+        name = "state.json" if content else "other.json"
+        record = _git(co, "mktree", input=f"100644 blob {blob}\t{name}\n".encode())
+        _git(co, "update-ref", "refs/ddeploy/state", _git(co, "commit-tree", record, "-m", "bad"))
+        for read in (agent.read_state, agent.facts):
+            with pytest.raises(agent.Fail, match=f"refs/ddeploy/state in {co} has no readable state.json"):
+                read(repo)
+    _git(co, "symbolic-ref", "HEAD", "refs/heads/unborn")
+    with pytest.raises(agent.Fail, match="has no commit checked out"):
+        agent.facts(repo)

@@ -38,19 +38,16 @@ tests, passed, failed, errors, skipped, duration, summary}; the client's models 
 deployer/transport/protocol.py.
 """
 
-from __future__ import annotations
-
-import base64
+# The agent starts on every command, so its startup is on every command's critical path: modules
+# that the common runs (status, a push with nothing to do) do not need are imported in the
+# functions that use them (base64, shutil, tempfile, glob, xml), not here.
 import hashlib
 import json
 import os
-import re
-import shutil
+import re  # free: json imports it
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 
 STATE_REF = "refs/ddeploy/state"
@@ -97,17 +94,20 @@ class Repo:
         self.gitdir = os.path.join(path, ".git")
         self.ddir = os.path.join(self.gitdir, "ddeploy")
 
-    def run(self, *args, input=None, env=None, check=True):
+    def env(self, env=None) -> dict:
         full = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
         full.update({"GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "GIT_OPTIONAL_LOCKS": "0"})
         full.update(IDENTITY)
         full.update(env or {})
+        return full
+
+    def run(self, *args, input=None, env=None, check=True):
         proc = subprocess.run(
             ["git", "--literal-pathspecs", "-C", self.path] + list(args),
             input=input,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=full,
+            env=self.env(env),
         )
         if check and proc.returncode != 0:
             err = proc.stderr.decode(errors="replace").strip().splitlines()
@@ -123,6 +123,43 @@ class Repo:
     def rev(self, spec: str):
         p = self.run("rev-parse", "-q", "--verify", spec, check=False)
         return p.stdout.decode().strip() or None
+
+    def objects(self, names: list, more=None) -> list:
+        """Look up objects by name (`HEAD^{tree}`, `REV:path`; no newline in a name) in one
+        `git cat-file --batch` process: [(id, type, content), or None where `rev-parse --verify`
+        finds nothing]. more(the answers so far) may return further names, then asked of the same
+        process (cat-file answers each name as it reads it)."""
+        p = subprocess.Popen(
+            ["git", "--literal-pathspecs", "-C", self.path, "cat-file", "--batch"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=self.env(),
+        )
+        found, asked = [], 0
+        try:
+            while names:
+                asked += len(names)
+                p.stdin.write("".join(n + "\n" for n in names).encode())
+                p.stdin.flush()
+                for _ in names:
+                    header = p.stdout.readline().split()  # `<id> <type> <size>`, or `<name> missing`
+                    if len(header) == 3 and header[2].isdigit():
+                        content = p.stdout.read(int(header[2]) + 1)[:-1]
+                        found.append((header[0].decode(), header[1].decode(), content))
+                    else:
+                        found.append(None)
+                names, more = (more(found) if more else []), None
+        except OSError:  # git is gone (a broken repository): what it did not answer was not found
+            pass
+        finally:
+            for pipe in (p.stdin, p.stdout):
+                try:
+                    pipe.close()
+                except OSError:
+                    pass
+            p.wait()
+        return found + [None] * (asked - len(found))
 
     def exists(self, obj: str) -> bool:
         return self.run("cat-file", "-e", obj, check=False).returncode == 0
@@ -149,15 +186,25 @@ class Repo:
 
 # ---------------------------------------------------------------- state record
 def read_state(repo: Repo):
-    commit = repo.rev(STATE_REF + "^{commit}")
+    """(commit of refs/ddeploy/state or None, its state.json as a dict, defaults filled in)."""
+    return parse_state(repo, *repo.objects([STATE_REF + "^{commit}"], more=_state_blob))
+
+
+def _state_blob(found: list) -> list:
+    """After the state ref's commit: the name of its state.json (nothing when there is no record)."""
+    return [found[-1][0] + ":state.json"] if found[-1] else []
+
+
+def parse_state(repo: Repo, commit, blob=None):
+    """read_state from the objects found for `STATE_REF^{commit}` and then `_state_blob`."""
     state = {"schema": 1, "applied": None, "pre_deploy": None}
     if commit:
-        p = repo.run("cat-file", "blob", commit + ":state.json", check=False)
+        data = blob[2] if blob and blob[1] == "blob" else b""  # what `git cat-file blob` would print
         try:
-            state.update(json.loads(p.stdout.decode()))
+            state.update(json.loads(data.decode()))
         except ValueError:
             raise Fail("StateError", "%s in %s has no readable state.json" % (STATE_REF, repo.path)) from None
-    return commit, state
+    return commit and commit[0], state
 
 
 def write_state(repo: Repo, old, state: dict, message: str):
@@ -180,6 +227,10 @@ def commit_state(repo: Repo, engine_part: dict, message: str) -> None:
 
 
 # ---------------------------------------------------------------- lock
+def hostname() -> str:
+    return os.uname().nodename  # what socket.gethostname() returns (uname(2)), without importing socket
+
+
 def lock_path(repo: Repo) -> str:
     return os.path.join(repo.ddir, "lock")
 
@@ -193,7 +244,7 @@ def read_lock(repo: Repo):
             owner = json.load(fh)
     except (OSError, ValueError):
         owner = {}
-    if owner.get("host") == socket.gethostname() and owner.get("pid"):
+    if owner.get("host") == hostname() and owner.get("pid"):
         owner["alive"] = pid_alive(int(owner["pid"]))
     return owner
 
@@ -247,7 +298,7 @@ def acquire(repo: Repo, req: dict) -> None:
     owner = {
         "by": req.get("by", "?"),
         "user": req.get("by", "?").split("@")[0],
-        "host": socket.gethostname(),
+        "host": hostname(),
         "pid": os.getpid(),
         "time": time.time(),
         "command": req.get("command", req.get("op")),
@@ -263,16 +314,53 @@ def _break_stale(path: str, owner: dict) -> bool:
         os.rename(path, grave)
     except OSError:
         return False
+    import shutil
+
     shutil.rmtree(grave, ignore_errors=True)
     return True
 
 
 def release(repo: Repo) -> None:
-    shutil.rmtree(lock_path(repo), ignore_errors=True)
+    path = lock_path(repo)
+    try:  # the lock as acquire() made it: a directory holding owner.json
+        if not os.path.islink(path):
+            os.unlink(os.path.join(path, "owner.json"))
+            os.rmdir(path)
+            return
+    except OSError:
+        pass
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)  # anything else there (rmtree leaves a link alone)
 
 
 # ---------------------------------------------------------------- patch sets
-def load_patches(req: dict, workdir: str) -> list:
+class Scratch:
+    """A temporary directory made on first use of .path (a push whose set has its own dir needs
+    none), removed at the end of the with block."""
+
+    def __init__(self, prefix: str):
+        self.prefix, self._path = prefix, None
+
+    @property
+    def path(self) -> str:
+        if self._path is None:
+            import tempfile
+
+            self._path = tempfile.mkdtemp(prefix=self.prefix)
+        return self._path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self._path is not None:
+            import shutil
+
+            shutil.rmtree(self._path, ignore_errors=True)
+
+
+def load_patches(req: dict, workdir: Scratch) -> list:
     """Write/verify the set's patches as files; returns [(name, path, sha256, files)]."""
     spec = req["set"]
     out = []
@@ -280,8 +368,10 @@ def load_patches(req: dict, workdir: str) -> list:
         if "/" in p["name"] or p["name"].startswith("."):
             raise Fail("PatchSetError", "patch name %r is not a plain file name" % p["name"])
         if "data_b64" in p:
+            import base64
+
             data = base64.b64decode(p["data_b64"])
-            path = os.path.join(spec.get("dir") or workdir, p["name"])
+            path = os.path.join(spec.get("dir") or workdir.path, p["name"])
             if spec.get("dir"):
                 os.makedirs(spec["dir"], exist_ok=True)
             with open(path, "wb") as fh:
@@ -305,9 +395,8 @@ def load_patches(req: dict, workdir: str) -> list:
 
 def check_series(repo: Repo, pre: str, patches: list, three_way: bool) -> list:
     """Dry-run the whole series on a throwaway index (nothing written); returns per-patch results."""
-    tmp = tempfile.mkdtemp(prefix="ddeploy-plan-")
-    env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
-    try:
+    with Scratch("ddeploy-plan-") as tmp:
+        env = {"GIT_INDEX_FILE": os.path.join(tmp.path, "index")}
         repo.run("read-tree", pre, env=env)
         results, paths = [], []
         for name, path, _sha, files in patches:
@@ -322,8 +411,6 @@ def check_series(repo: Repo, pre: str, patches: list, three_way: bool) -> list:
                     results[-1]["error"] += " (a 3-way merge will be attempted)"
                 break
         return results
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _last_line(raw: bytes) -> str:
@@ -362,23 +449,30 @@ def build_commits(repo: Repo, pre: str, patches: list, spec: dict, three_way: bo
 
 
 # ---------------------------------------------------------------- facts
-def facts(repo: Repo) -> dict:
+def head_facts(repo: Repo) -> dict:
+    """{head, tree, state, state_commit}: HEAD and the state record, from one git process. What
+    push and rollback work from; facts() adds what status and plan report."""
     if not os.path.isdir(repo.gitdir):
         raise Fail("StateError", "%s is not a git checkout (no .git directory); clone SGLang there first" % repo.path)
-    head = repo.rev("HEAD^{commit}")
+    head, tree, *record = repo.objects(["HEAD^{commit}", "HEAD^{tree}", STATE_REF + "^{commit}"], more=_state_blob)
     if not head:
         raise Fail("StateError", "%s has no commit checked out" % repo.path)
-    state_commit, state = read_state(repo)
-    applied = state.get("applied")
+    state_commit, state = parse_state(repo, *record)
+    return {"head": head[0], "tree": tree and tree[0], "state": state, "state_commit": state_commit}
+
+
+def facts(repo: Repo) -> dict:
+    f = head_facts(repo)
+    head, applied = f["head"], f["state"].get("applied")
     drift = repo.dirty()
     if applied and head != applied.get("head"):
         drift = ["HEAD moved from %s to %s" % (applied["head"][:12], head[:12])] + drift
     return {
         "head": head,
-        "tree": repo.rev("HEAD^{tree}"),
+        "tree": f["tree"],
         "branch": repo.branch(),
-        "state": state,
-        "state_commit": state_commit,
+        "state": f["state"],
+        "state_commit": f["state_commit"],
         "drift": drift,
         "lock": read_lock(repo),
         "journal": os.path.exists(journal_path(repo)),
@@ -604,6 +698,8 @@ def switch_files(repo: Repo, target: str, files: list) -> None:
         if os.path.islink(full) or os.path.isfile(full):
             os.unlink(full)
         elif os.path.isdir(full):
+            import shutil
+
             shutil.rmtree(full)  # only after save_edits kept it: an untracked tree in the way
         prune_empty_parents(repo, path)
 
@@ -701,13 +797,12 @@ def op_push(repo: Repo, req: dict) -> dict:
     spec, opts = req["set"], req.get("options", {})
     if not os.path.isdir(repo.gitdir):
         raise Fail("StateError", "%s is not a git checkout (no .git directory); clone SGLang there first" % repo.path)
-    workdir = tempfile.mkdtemp(prefix="ddeploy-push-")
-    try:
+    with Scratch("ddeploy-push-") as workdir:
         patches = load_patches(req, workdir)  # NeedShip: the client rsyncs the set and asks again
         acquire(repo, req)
         try:
             recovered = recover(repo)
-            f = facts(repo)
+            f = head_facts(repo)  # plan makes its own drift check, of the files it changes
             p = plan(repo, req, f, patches)
             if p["blocked"]:
                 kind = p["blocked_kind"]
@@ -726,8 +821,6 @@ def op_push(repo: Repo, req: dict) -> dict:
             return out
         finally:
             release(repo)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 DEV_SETS_KEPT = 3
@@ -742,6 +835,8 @@ def prune_dev_sets(current, keep: int = DEV_SETS_KEPT) -> None:
     root = os.path.dirname(current)
     others = [os.path.join(root, d) for d in os.listdir(root) if "+dev." in d and d != os.path.basename(current)]
     others.sort(key=lambda d: os.stat(d).st_mtime, reverse=True)
+    import shutil
+
     for old in others[keep - 1 :]:
         shutil.rmtree(old, ignore_errors=True)
 
@@ -809,7 +904,7 @@ def op_rollback(repo: Repo, req: dict) -> dict:
     acquire(repo, req)
     try:
         recovered = recover(repo)
-        f = facts(repo)
+        f = head_facts(repo)
         state = f["state"]
         applied = state.get("applied")
         if not applied:
@@ -926,8 +1021,7 @@ def op_status(repo: Repo, req: dict) -> dict:
 
 
 def op_plan(repo: Repo, req: dict) -> dict:
-    workdir = tempfile.mkdtemp(prefix="ddeploy-plan-")
-    try:
+    with Scratch("ddeploy-plan-") as workdir:
         patches = load_patches(req, workdir)
         f = facts(repo)
         p = plan(repo, req, f, patches)
@@ -935,8 +1029,6 @@ def op_plan(repo: Repo, req: dict) -> dict:
         if req.get("options", {}).get("diff"):
             out["diff"] = plan_diff(repo, req, f, p, patches)
         return out
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- plan --diff
@@ -946,9 +1038,8 @@ DIFF_ARGS = ("diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renam
 
 def series_tree(repo: Repo, pre: str, patches: list, three_way: bool):
     """The tree push would commit: the series applied to pre in a throwaway index; None if it fails."""
-    tmp = tempfile.mkdtemp(prefix="ddeploy-diff-")
-    env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
-    try:
+    with Scratch("ddeploy-diff-") as tmp:
+        env = {"GIT_INDEX_FILE": os.path.join(tmp.path, "index")}
         repo.run("read-tree", pre, env=env)
         for _name, path, _sha, _files in patches:
             args = ["apply", "--cached"] + (["--3way"] if three_way else []) + [path]
@@ -956,8 +1047,6 @@ def series_tree(repo: Repo, pre: str, patches: list, three_way: bool):
                 return None
         p = repo.run("write-tree", env=env, check=False)
         return p.stdout.decode().strip() if p.returncode == 0 else None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def plan_diff(repo: Repo, req: dict, f: dict, p: dict, patches: list) -> dict:
@@ -1098,6 +1187,8 @@ def resolve_cuda_home(target: dict) -> str:
         return target["cuda_home"]
     if os.access("/usr/local/cuda/bin/nvcc", os.X_OK):
         return "/usr/local/cuda"
+    import shutil
+
     nvcc = shutil.which("nvcc")
     if not nvcc:
         raise Fail(
@@ -1325,6 +1416,7 @@ def record_reuse(repo: Repo, plan: dict) -> None:
 def drop_arch_cache(plan: dict) -> None:
     """--force: SGLang keeps an existing leaf even when told to recompile, so start from nothing."""
     import glob
+    import shutil
 
     pattern = "sm%d%d*" % tuple(plan["capability"])
     for d in glob.glob(os.path.join(glob.escape(plan["cache_dir"]), pattern)):
