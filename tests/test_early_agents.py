@@ -114,7 +114,7 @@ def test_local_hosts_and_hosts_not_opened_early_connect_as_usual(hosts):
 
 def test_push_starts_the_agent_only_for_a_verified_set(hosts, patch_sets, tmp_path):
     """The CLI connects first, starts the agent once the set is verified, and uses it for the
-    push; a tampered set never gets an agent started on any host."""
+    push; a tampered set never gets an agent started on any host. One agent per command."""
     import shutil
 
     import yaml
@@ -141,3 +141,8 @@ def test_push_starts_the_agent_only_for_a_verified_set(hosts, patch_sets, tmp_pa
     assert starts(log) == ["push"]  # one agent, started before the request, did the push
     r = run_cli("push", "--host", "h1", "--version", str(patch_sets["v1"]), "--dry-run", inventory=inventory)
     assert r.code == 0 and starts(log) == ["push", "plan"]
+    r = run_cli("status", "--host", "h1", inventory=inventory)  # status and rollback start theirs early too
+    assert r.code == 0 and "ddtree 0.1.0" in r.stderr and starts(log) == ["push", "plan", "status"]
+    r = run_cli("rollback", "--host", "h1", inventory=inventory)
+    assert r.code == 0 and starts(log) == ["push", "plan", "status", "rollback"], r.stderr
+    assert hosts.hosts[0].git("rev-parse", "HEAD") == hosts.base_commit

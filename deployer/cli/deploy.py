@@ -94,8 +94,9 @@ def plan(ctx, version, overlay, three_way, diff):
 
 
 def _early_agents(ctx: click.Context, hosts):
-    """Connect to the first hosts the fleet runs while this process verifies the patch set
-    (deployer/transport/agent_client.py: EarlyAgents)."""
+    """Connect to the first hosts the fleet runs while this process prepares the request (the
+    patch set verified, the modules the call needs imported): deployer/transport/agent_client.py,
+    EarlyAgents."""
     from ..transport.agent_client import EarlyAgents
 
     sel = selection(ctx)
@@ -119,22 +120,26 @@ def _plan_report(ctx: click.Context, describe):
 @click.pass_context
 def status(ctx):
     """Per host: reachable, applied version, drift, lock holder, kernel builds, last remote test."""
-    from ..errors import PatchSetError
-    from ..ops.deploy import status_host
-    from ..patchset import load_patch_set
+    hosts = selection(ctx).hosts(ctx.obj)
+    with _early_agents(ctx, hosts) as early:
+        early.start("status")  # read-only; the newest release below is only for the checkout column
+        from ..errors import PatchSetError
+        from ..ops.deploy import status_host
+        from ..patchset import load_patch_set
 
-    opts = _deploy_options(ctx)
-    try:
-        newest = load_patch_set("latest")  # the checkout column: do the files it touches match its base?
-    except PatchSetError:
-        newest = None
-    run(
-        ctx.obj,
-        selection(ctx),
-        lambda h, say: status_host(h, opts, say, newest),
-        _views().describe_status,
-        report=_views().status_table,
-    )
+        opts = _deploy_options(ctx, early=early)
+        try:
+            newest = load_patch_set("latest")  # the checkout column: do the files it touches match its base?
+        except PatchSetError:
+            newest = None
+        run(
+            ctx.obj,
+            selection(ctx),
+            lambda h, say: status_host(h, opts, say, newest),
+            _views().describe_status,
+            report=_views().status_table,
+            hosts=hosts,
+        )
 
 
 @cli.command()
@@ -144,10 +149,14 @@ def status(ctx):
 @click.pass_context
 def rollback(ctx, to, force):
     """Return the checkouts exactly to the state before the applied version (or to version V)."""
-    from ..ops.deploy import rollback_host
+    hosts = selection(ctx).hosts(ctx.obj)
+    with _early_agents(ctx, hosts) as early:
+        early.start("rollback")  # its request is only the options: nothing to verify first
+        from ..ops.deploy import rollback_host
 
-    opts = _deploy_options(ctx, to=to, force=force)
-    run(ctx.obj, selection(ctx), lambda h, say: rollback_host(h, opts, say), _views().describe_rollback)
+        opts = _deploy_options(ctx, to=to, force=force, early=early)
+        op = lambda h, say: rollback_host(h, opts, say)  # noqa: E731
+        run(ctx.obj, selection(ctx), op, _views().describe_rollback, hosts=hosts)
 
 
 @cli.command()
