@@ -112,14 +112,12 @@ def test_local_hosts_and_hosts_not_opened_early_connect_as_usual(hosts):
             assert agent.call("status", {}, StatusReply).facts.head == hosts.base_commit
 
 
-def test_push_starts_the_agent_only_for_a_verified_set(hosts, patch_sets, tmp_path):
+def test_push_starts_the_agent_only_for_a_verified_set(hosts, cli, patch_sets, tmp_path):
     """The CLI connects first, starts the agent once the set is verified, and uses it for the
     push; a tampered set never gets an agent started on any host. One agent per command."""
     import shutil
 
     import yaml
-
-    from conftest import run_cli
 
     inventory = tmp_path / "inventory"
     inventory.mkdir()
@@ -131,18 +129,18 @@ def test_push_starts_the_agent_only_for_a_verified_set(hosts, patch_sets, tmp_pa
     patch = tampered / "0002-wiring.patch"
     patch.write_text(patch.read_text().replace("# ddtree 0.1.0", "# evil 0.1.0"))
 
-    r = run_cli("push", "--host", "h1", "--version", str(tampered), inventory=inventory)
+    r = cli("push", "--host", "h1", "--version", str(tampered), inventory=inventory)
     assert r.code == 4 and "sha256" in r.stderr
     time.sleep(0.5)
     assert starts(log) == [] and not (hosts.hosts[0].checkout / ".git" / "ddeploy").exists()
 
-    r = run_cli("push", "--host", "h1", "--version", str(patch_sets["v1"]), inventory=inventory)
+    r = cli("push", "--host", "h1", "--version", str(patch_sets["v1"]), inventory=inventory)
     assert r.code == 0 and "applied ddtree 0.1.0" in r.stderr, r.stderr
     assert starts(log) == ["push"]  # one agent, started before the request, did the push
-    r = run_cli("push", "--host", "h1", "--version", str(patch_sets["v1"]), "--dry-run", inventory=inventory)
+    r = cli("push", "--host", "h1", "--version", str(patch_sets["v1"]), "--dry-run", inventory=inventory)
     assert r.code == 0 and starts(log) == ["push", "plan"]
-    r = run_cli("status", "--host", "h1", inventory=inventory)  # status and rollback start theirs early too
+    r = cli("status", "--host", "h1", inventory=inventory)  # status and rollback start theirs early too
     assert r.code == 0 and "ddtree 0.1.0" in r.stderr and starts(log) == ["push", "plan", "status"]
-    r = run_cli("rollback", "--host", "h1", inventory=inventory)
+    r = cli("rollback", "--host", "h1", inventory=inventory)
     assert r.code == 0 and starts(log) == ["push", "plan", "status", "rollback"], r.stderr
     assert hosts.hosts[0].git("rev-parse", "HEAD") == hosts.base_commit
