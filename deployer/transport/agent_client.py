@@ -92,10 +92,15 @@ def agent_argv(python: str, op: str) -> list[str]:
     return [python, "-S", "-c", BOOTSTRAP, op]
 
 
+@functools.cache  # the same ~80 KB for every call on every host: built once
+def _program_head() -> bytes:
+    program = agent_program()
+    return b"%d\n" % len(program) + program
+
+
 def agent_stdin(request: dict[str, Any] | None = None) -> bytes:
     """What the agent reads on stdin: the program (length-prefixed), then the request, if known."""
-    program = agent_program()
-    head = b"%d\n" % len(program) + program
+    head = _program_head()
     return head + json.dumps(request).encode() if request is not None else head
 
 
