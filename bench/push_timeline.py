@@ -4,9 +4,10 @@
 
 Starts one OpenSSH host (tests/sshd_hosts.py), pushes the generated 3-patch set once, then runs
 the no-op push --reps times as a subprocess whose first lines wrap a few functions to note when
-they start and end (milliseconds since the interpreter started running the command: connect, the
-agent's start, the patch set's verification, the agent call). Prints the medians as a table,
-beside one `ssh host true` in every round. Asserts nothing about timing.
+they start and end (milliseconds since the interpreter started running the command: the connect,
+the agent's start, the client ready to send its request, the agent call), alternately with and
+without the head start (DDEPLOY_HEAD_START=0; deployer/transport/head_start.py). Prints the
+medians as a table, beside one `ssh host true` in every round. Asserts nothing about timing.
 """
 
 from __future__ import annotations
@@ -46,24 +47,24 @@ def _wrap(owner, attr, name):
         finally:
             _note(name + " end")
     setattr(owner, attr, wrapped)
-import deployer.patchset, deployer.transport.connection as c
+import deployer.transport.agent_client as a, deployer.transport.connection as c  # paramiko: first anyway
 _wrap(c.SSHConnection, "_open", "connect")
 _wrap(c.SSHConnection, "start", "agent start")
 _wrap(c._StartedChannel, "finish", "agent call")
-_wrap(deployer.patchset, "load_patch_set", "verify set")
+_wrap(a.EarlyAgents, "start", "client ready")
 atexit.register(lambda: (_note("exit"), sys.stderr.write("TIMELINE " + json.dumps(_notes) + "\\n")))
 from deployer.cli import main
 main()
 """
 
 ROWS = [
-    ("imports, inventory, host selection", None, "connect start"),
-    ("paramiko connect (handshake, auth)", "connect start", "connect end"),
-    ("patch set loaded and verified (beside the connect)", "verify set start", "verify set end"),
-    ("agent started (session, exec)", "agent start start", "agent start end"),
-    ("agent call: request sent, reply back (login shell, agent)", "agent call start", "agent call end"),
+    ("client: imports, inventory, hosts chosen, set verified", None, "client ready start"),
+    ("connect: handshake, auth (a head start: from the start)", "connect start", "connect end"),
+    ("agent started: session, exec of the bootstrap", "agent start start", "agent start end"),
+    ("agent call: program and request sent, reply back", "agent call start", "agent call end"),
     ("reply rendered, exit", "agent call end", "exit"),
 ]
+MODES = {"head start": "1", "no head start": "0"}
 
 
 def main() -> None:
@@ -86,32 +87,46 @@ def main() -> None:
             first = subprocess.run([sys.executable, "-c", PRELUDE, *argv], capture_output=True, text=True, env=env)
             if first.returncode != 0:
                 raise SystemExit(f"the first push failed:\n{first.stderr[-2000:]}")
-            runs, walls, rtts = [], [], []
+            runs: dict[str, list] = {m: [] for m in MODES}
+            walls: dict[str, list] = {m: [] for m in MODES}
+            rtts = []
             for _ in range(args.reps):
                 t0 = time.perf_counter()
                 subprocess.run(["ssh", "-F", str(fleet.ssh_config), host.name, "true"], check=True)
                 rtts.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                proc = subprocess.run([sys.executable, "-c", PRELUDE, *argv], capture_output=True, text=True, env=env)
-                walls.append(time.perf_counter() - t0)
-                if proc.returncode != 0 or "already applied" not in proc.stderr:
-                    raise SystemExit(f"the no-op push failed:\n{proc.stderr[-2000:]}")
-                line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("TIMELINE "))
-                runs.append(dict(json.loads(line.removeprefix("TIMELINE "))))
+                for mode, flag in MODES.items():
+                    t0 = time.perf_counter()
+                    proc = subprocess.run(
+                        [sys.executable, "-c", PRELUDE, *argv],
+                        capture_output=True,
+                        text=True,
+                        env={**env, "DDEPLOY_HEAD_START": flag},
+                    )
+                    walls[mode].append(time.perf_counter() - t0)
+                    if proc.returncode != 0 or "already applied" not in proc.stderr:
+                        raise SystemExit(f"the no-op push failed:\n{proc.stderr[-2000:]}")
+                    line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("TIMELINE "))
+                    runs[mode].append(dict(json.loads(line.removeprefix("TIMELINE "))))
         finally:
             fleet.close()
-    rows = []
-    for label, start, end in ROWS:
-        begins = [r.get(start, 0.0) if start else 0.0 for r in runs]
-        spans = [r[end] - b for r, b in zip(runs, begins, strict=True)]
-        rows.append([label, f"{statistics.median(begins):.0f}", f"{statistics.median(spans):.0f}"])
-    wall, rtt = statistics.median(walls), statistics.median(rtts)
-    outside = statistics.median(w * 1000 - r["exit"] for w, r in zip(walls, runs, strict=True))
-    rows.append(["interpreter start-up and teardown (wall minus the rest)", "", f"{outside:.0f}"])
-    print(f"no-op push of one host, medians of {args.reps}: {wall:.3f} s wall (process start to exit); ", end="")
-    print(f"one `ssh host true`: {rtt:.3f} s; ratio {wall / rtt:.2f}x")
+    rtt = statistics.median(rtts)
+    rows = [[label] for label, _, _ in ROWS] + [["interpreter start-up and teardown (wall minus the rest)"]]
+    for mode in MODES:
+        for row, (_, start, end) in zip(rows, ROWS, strict=False):
+            begins = [r.get(start, 0.0) if start else 0.0 for r in runs[mode]]
+            spans = [r[end] - b for r, b in zip(runs[mode], begins, strict=True)]
+            row += [f"{statistics.median(begins):.0f}", f"{statistics.median(spans):.0f}"]
+        outside = statistics.median(w * 1000 - r["exit"] for w, r in zip(walls[mode], runs[mode], strict=True))
+        rows[-1] += ["", f"{outside:.0f}"]
+    print(f"no-op push of one host, medians of {args.reps}; one `ssh host true`: {rtt:.3f} s")
+    for mode in MODES:
+        wall = statistics.median(walls[mode])
+        print(f"  {mode}: {wall:.3f} s wall (process start to exit), {wall / rtt:.2f}x the round trip")
     print(f"load average (1 min) {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(table(rows, ["step (ms from the start of the command)", "at", "took"]))
+    head = ["step (ms from the start of the command)"]
+    for mode in MODES:
+        head += [f"{mode}: at", "took"]
+    print(table(rows, head))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InventoryError
-from .locations import cache_dir, inventory_candidates
+from .locations import cache_dir, inventory_candidates, inventory_files
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
 ARCH_RE = re.compile(r"^sm_(\d+)(\d)([af]?)\Z")
@@ -232,9 +232,8 @@ class Inventory:
         if not directory.is_dir():
             raise InventoryError(f"inventory directory {directory} does not exist")
         hosts = [local_host()]
-        for path in sorted(directory.glob("*.y*ml")):
-            if path.suffix in (".yaml", ".yml") and not path.name.startswith("_"):
-                hosts.extend(load_file(path))
+        for path in inventory_files(directory):
+            hosts.extend(load_file(path))
         return cls(hosts, directory)
 
     @property

@@ -47,6 +47,12 @@ def inventory_candidates() -> list[Path]:
     return found + ([checkout / "hosts"] if checkout else [])
 
 
+def inventory_files(directory: Path) -> list[Path]:
+    """The host files of an inventory directory, in the order they are read: *.yaml and *.yml,
+    except those whose name starts with `_`."""
+    return [p for p in sorted(directory.glob("*.y*ml")) if p.suffix in (".yaml", ".yml") and not p.name.startswith("_")]
+
+
 def cache_dir() -> Path:
     """The user's cache for ddeploy: $DDEPLOY_CACHE_DIR, else $XDG_CACHE_HOME/ddeploy, else ~/.cache/ddeploy."""
     explicit = os.environ.get("DDEPLOY_CACHE_DIR")
