@@ -177,6 +177,32 @@ def test_force_recompiles_what_the_cache_already_has(cli, built, fleet):
     assert any(after.get(p) != t for p, t in before.items())  # the .so was written again
 
 
+@needs_nvcc
+def test_a_new_torch_on_the_host_means_a_new_build(cli, built, fleet, tmp_path):
+    from importlib import metadata
+
+    # An upgraded torch as the host python sees it: distribution metadata with another version,
+    # first on its path (the torch it imports is the same one).
+    version = metadata.version("torch") + ".post1"
+    dist = tmp_path / "site" / f"torch-{version}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+    inv = variant_inventory(fleet, tmp_path / "inv", "k1", env={"PYTHONPATH": str(dist.parent)})
+    r = cli("build", "--host", "k1", "--json", inventory=inv)
+    assert r.code == 0, r.stderr
+    assert (
+        f"[k1] building (the host's python packages changed since the last build (now torch {version}, "
+        f"flashinfer-python {metadata.version('flashinfer-python')}, apache-tvm-ffi "
+        f"{metadata.version('apache-tvm-ffi')}))" in r.stderr
+    )
+    assert json.loads(r.stdout)[0]["data"]["plan"]["packages"]["torch"] == version
+    assert "nothing to build" in cli("build", "--host", "k1", inventory=inv).stderr
+    # The build for the torch it had before is still known: going back builds nothing.
+    back = cli("build", "--host", "k1", inventory=fleet.inventory_dir)
+    assert back.code == 0, back.stderr
+    assert "[k1] nothing to build: already built for these sources (version 0.1.0" in back.stderr
+
+
 def _fake_tool(path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"#!/bin/sh\n{text}")

@@ -29,3 +29,20 @@ def test_version_and_help_import_no_heavy_library(args, also_absent):
     loaded = set(json.loads(proc.stdout.splitlines()[-1]))
     assert not (HEAVY | also_absent) & loaded, (HEAVY | also_absent) & loaded
     assert "ddeploy" in proc.stdout
+
+
+def test_a_console_run_ends_like_sys_exit_without_the_teardown():
+    """main() ends a console run with os._exit: thread exit hooks (an executor never shut down),
+    atexit handlers and buffered output must all still happen, and the exit status be kept."""
+    code = """
+import atexit, concurrent.futures, sys
+from deployer.cli import _leave
+pool = concurrent.futures.ThreadPoolExecutor(2)
+pool.submit(print, "from a worker").result()
+atexit.register(lambda: print("atexit ran"))
+sys.stdout.write("buffered, not flushed")
+_leave(7)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 7
+    assert proc.stdout.splitlines() == ["from a worker", "buffered, not flushedatexit ran"]

@@ -49,9 +49,7 @@ def _leave(code: int) -> None:
     import threading
 
     try:
-        for thread in threading.enumerate():
-            if thread is not threading.current_thread() and not thread.daemon:
-                thread.join()
+        threading._shutdown()  # what the interpreter's exit does first: threads' exit hooks, joins
         atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):

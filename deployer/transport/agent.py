@@ -1259,21 +1259,42 @@ def kernel_source_hash(checkout: str):
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
-def check_python_imports_checkout(target: dict, checkout: str) -> None:
-    """The host python must import sglang from this checkout (an editable install), not elsewhere."""
-    code = (
-        "import importlib.util as u; s = u.find_spec('sglang'); "
-        "print(s.submodule_search_locations[0] if s and s.submodule_search_locations else '')"
-    )
-    rc, out, err = run_tool([target["python"], "-c", code], cwd="/")
-    want = checkout.rstrip("/") + "/python/sglang"
-    got = out.strip()
+# What a kernel build compiles and links against besides the sources and nvcc: a new torch (its
+# headers and ABI), flashinfer (speculative_sampling's headers) or tvm-ffi (SGLang's JIT loader)
+# needs a new build, so their versions are part of the build key.
+BUILD_PACKAGES = ("torch", "flashinfer-python", "apache-tvm-ffi")
+_PYTHON_PROBE = """import importlib.util as u, json
+from importlib import metadata
+s = u.find_spec("sglang")
+versions = {}
+for name in %r:
+    try:
+        versions[name] = metadata.version(name)
+    except Exception:
+        versions[name] = None
+print(json.dumps({"sglang": s.submodule_search_locations[0] if s and s.submodule_search_locations else "",
+                  "packages": versions}))
+""" % (BUILD_PACKAGES,)
+
+
+def probe_python(target: dict, checkout: str) -> dict:
+    """The host python must import sglang from this checkout (an editable install), not elsewhere;
+    the versions of BUILD_PACKAGES it has ({name: version or None})."""
+    rc, out, err = run_tool([target["python"], "-c", _PYTHON_PROBE], cwd="/")
     if rc != 0:
         raise Fail(
             "BuildError",
             "cannot run the host python %s (from %s): %s"
             % (target["python"], target["source"], last_text_line(err, default="exit %d" % rc)),
         )
+    try:
+        facts = json.loads(out.strip().splitlines()[-1])
+        got, packages = str(facts["sglang"]), dict(facts["packages"])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise Fail(
+            "BuildError", "the host python %s printed %r, not what it was asked" % (target["python"], out[-200:])
+        ) from None
+    want = checkout.rstrip("/") + "/python/sglang"
     if not got:
         raise Fail(
             "BuildError",
@@ -1286,6 +1307,11 @@ def check_python_imports_checkout(target: dict, checkout: str) -> None:
             "%s imports sglang from %s, not from the checkout %s; install the checkout "
             "editable (pip install -e %s/python)" % (target["python"], got, want, checkout),
         )
+    return packages
+
+
+def packages_text(packages: dict) -> str:
+    return ", ".join("%s %s" % (name, packages.get(name) or "-") for name in BUILD_PACKAGES)
 
 
 def expand_home(root: str) -> str:
@@ -1314,7 +1340,7 @@ def plan_build(repo: Repo, req: dict) -> dict:
             "BuildError",
             "no patch set is applied to %s; push one first (ddeploy push --host %s)" % (repo.path, target["name"]),
         )
-    check_python_imports_checkout(target, repo.path)
+    packages = probe_python(target, repo.path)
     gpu = check_gpus_match(target, probe_gpus())
     toolkit = probe_toolkit(target, resolve_cuda_home(target))
     check_toolkit_supports(target, toolkit)
@@ -1333,15 +1359,19 @@ def plan_build(repo: Repo, req: dict) -> dict:
         "version": applied.get("version", "?"),
         "gpu": gpu,
         "cache_dir": "%s/%s" % (expand_home(target.get("cache_root") or DEFAULT_CACHE_ROOT), source_hash[:16]),
+        "packages": {name: packages.get(name) for name in BUILD_PACKAGES},
         "action": "build",
         "reason": "",
     }
-    plan["key"] = "%s|%s|%s" % (source_hash, plan["arch"], toolkit.version_text)
+    built_with = "%s|%s|%s" % (source_hash, plan["arch"], toolkit.version_text)
+    plan["key"] = "%s|%s" % (built_with, packages_text(packages))
     current = (state.get("builds") or {}).get(plan["arch"]) or {}
     known = current.get("known") or {}
     plan["previous_cache_dir"] = current.get("cache_dir")
     if opts.get("force"):
         plan["reason"] = "--force"
+    elif plan["key"] not in known and any(k.startswith(built_with + "|") for k in known):
+        plan["reason"] = "the host's python packages changed since the last build (now %s)" % packages_text(packages)
     elif plan["key"] not in known:
         plan["reason"] = "no build for these kernel sources, arch and nvcc yet"
     elif not cache_has_build(plan["cache_dir"], plan["capability"]):

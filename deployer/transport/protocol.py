@@ -256,6 +256,9 @@ class BuildPlan(Record):
     version: str
     gpu: str | None = None
     cache_dir: str
+    packages: dict[str, str | None] = Field(
+        default_factory=dict, description="versions of torch, flashinfer-python, apache-tvm-ffi (None: absent)"
+    )
     action: Literal["build", "noop"]
     reason: str
     key: str
