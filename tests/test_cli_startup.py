@@ -46,3 +46,20 @@ _leave(7)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 7
     assert proc.stdout.splitlines() == ["from a worker", "buffered, not flushedatexit ran"]
+
+
+def test_paramiko_imports_without_importlib_metadata_and_knows_its_version():
+    """deployer.transport.ssh_config imports paramiko with a stand-in for importlib.metadata that
+    reads only paramiko's own version; afterwards the real module is what `import` gives."""
+    code = """
+import json, sys
+import deployer.transport.ssh_config as c
+during = "importlib.metadata" in sys.modules
+import importlib.metadata as m
+print(json.dumps([during, c.paramiko.__version__, m.version("paramiko"), m.version("click"), m.__file__]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    during, own, real, click_version, path = json.loads(proc.stdout)
+    assert not during  # nothing imported the real module
+    assert own == real and click_version  # the same version; the real module answers for others
+    assert path.endswith("importlib/metadata/__init__.py")
