@@ -28,7 +28,7 @@ class Console:
     own, against a one-host inventory whose python logs each start: its pid, the op (the agent's
     argv is `python -S -c BOOTSTRAP OP`) and $MARK (from the host's `env`)."""
 
-    def __init__(self, tmp_path: Path, fleet, session_cache: Path, mark: str = "one"):
+    def __init__(self, tmp_path: Path, fleet, session_cache: Path, mark: str = "one", host: str = "h1"):
         self.tmp, self.fleet = tmp_path, fleet
         self.cache = tmp_path / "cache"
         self.cache.mkdir()
@@ -40,7 +40,8 @@ class Console:
         python.chmod(python.stat().st_mode | stat.S_IXUSR)
         self.inventory = tmp_path / "inventory"
         self.inventory.mkdir()
-        self.doc = yaml.safe_load((fleet.inventory_dir / "h1.yaml").read_text())
+        self.doc = yaml.safe_load((fleet.inventory_dir / f"{host}.yaml").read_text())
+        self.doc["name"] = "h1"  # the tests' one host, whichever fleet host it is
         self.doc["python"] = str(python)
         self.set_mark(mark)
 
@@ -291,3 +292,33 @@ def test_the_record_holds_every_ssh_setting():
     from deployer.inventory import SSHSpec
 
     assert set(SSHSpec.model_fields) == set(head_start.SSH_FIELDS)  # a new setting must be compared too
+
+
+@pytest.mark.sshd
+def test_a_host_behind_a_proxyjump_gets_a_head_start(tmp_path, hosts, _isolated_cache, patch_sets):
+    console = Console(tmp_path, hosts, _isolated_cache, host="h2")
+    console.doc["ssh"]["host"] = "h2-via-h1"  # the fleet's ssh_config: h2 through h1
+    console.set_mark("one")
+    for _ in range(2):
+        res = _push(console, patch_sets["v1"])
+        assert res.returncode == 0, res.stderr
+    assert "already applied" in res.stderr
+    assert console.starts() == [("push", "one"), ("push", "one")]  # one agent per run
+    assert hosts.hosts[1].git("log", "-1", "--format=%s").startswith("ddtree")
+    # The head start did go through the jump host: a record it cannot use still shows up there.
+    _rewrite_hint(console, lambda e: e["hosts"][0]["env"].update(MARK="stale"))
+    assert _push(console, patch_sets["v1"]).returncode == 0
+    assert sorted(console.starts()) == [("push", "one"), ("push", "stale")]
+
+
+@pytest.mark.sshd
+def test_a_bootstrap_started_for_another_op_is_abandoned(console, patch_sets):
+    assert _push(console, patch_sets["v1"]).returncode == 0
+    console.starts()
+    _rewrite_hint(console, lambda e: e.update(op="plan"))  # the settings match; the op does not
+    res = _push(console, patch_sets["v1"])
+    assert res.returncode == 0, res.stderr
+    assert "already applied" in res.stderr
+    # The bootstrap started for `plan` was closed unused; the one for push did the work.
+    assert sorted(console.starts()) == [("plan", "one"), ("push", "one")]
+    assert wait_until(console.none_running)
