@@ -4,7 +4,6 @@ the session is taken, and nothing left running when the client gives up."""
 
 from __future__ import annotations
 
-import os
 import stat
 import sys
 import time
@@ -15,6 +14,7 @@ from deployer.errors import ConnectError
 from deployer.inventory import Inventory
 from deployer.transport.agent_client import EarlyAgents, agent_session
 from deployer.transport.protocol import StatusReply
+from processes import alive, wait_until
 
 pytestmark = pytest.mark.sshd
 
@@ -37,21 +37,7 @@ def starts(log) -> list[str]:
 def running(log) -> list[int]:
     """The pids of the logged agents that are still running."""
     pids = [int(line.split()[0]) for line in log.read_text().splitlines()] if log.exists() else []
-    return [pid for pid in pids if os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid)]
-
-
-def _state(pid: int) -> str:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
-
-
-def wait_until(cond, limit=10.0):
-    deadline = time.monotonic() + limit
-    while not cond() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return cond()
+    return [pid for pid in pids if alive(pid)]
 
 
 def test_nothing_runs_on_a_host_before_start(hosts, tmp_path):

@@ -11,7 +11,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import yaml
 
 from deployer.transport import head_start
 from deployer.transport.head_start import HINT_FILE, HeadStart, host_record
+from processes import alive, wait_until
 
 CONSOLE = [sys.executable, "-c", "from deployer.cli import main; main()"]
 
@@ -68,25 +68,11 @@ class Console:
 
     def none_running(self) -> bool:
         """No process from the last `starts()` is still alive."""
-        return not [p for p in self._pids if os.path.exists(f"/proc/{p}") and _state(p) != "Z"]
+        return not [p for p in self._pids if alive(p)]
 
     @property
     def hints(self) -> Path:
         return self.cache / HINT_FILE
-
-
-def _state(pid: int) -> str:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "Z"
-
-
-def wait_until(cond, limit=10.0):
-    deadline = time.monotonic() + limit
-    while not cond() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return cond()
 
 
 @pytest.fixture

@@ -1359,19 +1359,19 @@ def plan_build(repo: Repo, req: dict) -> dict:
         "version": applied.get("version", "?"),
         "gpu": gpu,
         "cache_dir": "%s/%s" % (expand_home(target.get("cache_root") or DEFAULT_CACHE_ROOT), source_hash[:16]),
-        "packages": {name: packages.get(name) for name in BUILD_PACKAGES},
+        "packages": packages,
         "action": "build",
         "reason": "",
     }
-    built_with = "%s|%s|%s" % (source_hash, plan["arch"], toolkit.version_text)
-    plan["key"] = "%s|%s" % (built_with, packages_text(packages))
+    built_with, with_packages = "%s|%s|%s" % (source_hash, plan["arch"], toolkit.version_text), packages_text(packages)
+    plan["key"] = "%s|%s" % (built_with, with_packages)
     current = (state.get("builds") or {}).get(plan["arch"]) or {}
     known = current.get("known") or {}
     plan["previous_cache_dir"] = current.get("cache_dir")
     if opts.get("force"):
         plan["reason"] = "--force"
     elif plan["key"] not in known and any(k.startswith(built_with + "|") for k in known):
-        plan["reason"] = "the host's python packages changed since the last build (now %s)" % packages_text(packages)
+        plan["reason"] = "the host's python packages changed since the last build (now %s)" % with_packages
     elif plan["key"] not in known:
         plan["reason"] = "no build for these kernel sources, arch and nvcc yet"
     elif not cache_has_build(plan["cache_dir"], plan["capability"]):

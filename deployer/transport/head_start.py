@@ -13,9 +13,10 @@ looks the command up in a small hint file, <cache>/head-start.json, written by t
 A hint matches only the same argv, working directory and DDEPLOY_*/XDG_*/HOME environment, and
 only while every inventory file is byte for byte what it was (sha256). It holds, per host, the
 settings a connection is made from (`host_record`): the ssh spec, the file it came from, the
-environment and the python. What the head start opens is used only when the host the validated
-inventory selects has exactly that record, and the op is the one the hint recorded; anything else
-is closed unused, so a stale or wrong hint costs a connection, never a different result.
+environment and the python. A connection the head start opens is used only when the host the
+validated inventory selects has exactly that record (else it is closed unused), and its bootstrap
+only for the op the hint recorded (else it is closed and the agent started anew): a stale or wrong
+hint costs a connection, never a different result.
 
 What runs on a host before the command has checked its input is what `ssh host true` runs: the
 login shell, and the agent's BOOTSTRAP (deployer/transport/agent_client.py), which waits for its
@@ -34,6 +35,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from ..locations import cache_dir, inventory_files
@@ -60,26 +62,10 @@ def host_record(host: Host) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True)
-class _SSHLike:
-    host: str
-    user: str | None
-    port: int | None
-    identity: str | None
-    jump: str | None
-    config: str | None
-
-
-@dataclass(frozen=True)
-class _HostLike:
-    """The attributes of inventory.Host that a Connection reads, from a host_record."""
-
-    name: str
-    ssh: _SSHLike
-    source: str
-    env: dict[str, str]
-    python: str
-    is_local: bool = False
+def _stand_in(record: dict[str, Any]) -> SimpleNamespace:
+    """The attributes of inventory.Host that a Connection reads, from a host_record (until the
+    validated Host takes over, EarlyAgents._connect)."""
+    return SimpleNamespace(**{**record, "ssh": SimpleNamespace(**record["ssh"]), "is_local": False})
 
 
 def _command_key(argv: list[str]) -> str:
@@ -133,8 +119,9 @@ class _Opened:
 class HeadStart:
     """This command's hint (`begin`), the connections opened from it, and `remember` for the next run."""
 
-    def __init__(self, key: str, op: str | None = None):
-        self.key, self.op = key, op
+    def __init__(self, key: str, entry: dict[str, Any] | None = None):
+        self.key, self._hit = key, entry  # the matching entry (its files were just checked)
+        self.op: str | None = None
         self.inventory_dir: Path | None = None  # set by the CLI once the inventory is loaded
         self._opened: dict[str, _Opened] = {}
         self._lock = threading.Lock()
@@ -150,7 +137,7 @@ class HeadStart:
             key, entry = _matching_entry(argv)
         except Exception:  # noqa: BLE001 - a head start is an optimisation, never a failure
             return None
-        head = cls(key)
+        head = cls(key, entry)
         if entry is not None:
             head._connect(entry)
         return head
@@ -161,12 +148,12 @@ class HeadStart:
             from .connection import Timeouts, open_connection
 
             timeouts = Timeouts.from_env()
-            hosts = [(rec, _HostLike(**{**rec, "ssh": _SSHLike(**rec["ssh"])})) for rec in entry["hosts"]]
+            hosts = [(rec, _stand_in(rec)) for rec in entry["hosts"]]
         except Exception:  # noqa: BLE001 - a malformed record: no head start
             return
         self.op = entry["op"]
 
-        def connect(host: _HostLike, opened: _Opened) -> None:
+        def connect(host: SimpleNamespace, opened: _Opened) -> None:
             try:
                 conn = open_connection(host, timeouts=timeouts)  # type: ignore[arg-type]
             except BaseException as exc:  # noqa: BLE001 - for the command to report, if it is its host
@@ -204,13 +191,16 @@ class HeadStart:
         """Record this command for the next identical run (a write only when something changed)."""
         if self.inventory_dir is None:
             return
-        remote = [h for h in hosts if not h.is_local]
+        records = [host_record(h) for h in hosts if not h.is_local]
+        hit = self._hit
+        if hit is not None and (hit["inventory"], hit["op"], hit["hosts"]) == (str(self.inventory_dir), op, records):
+            return  # begin() found this very entry, its files unchanged
         try:
             entry = {
                 "inventory": str(self.inventory_dir),
                 "files": _fingerprint(self.inventory_dir),
                 "op": op,
-                "hosts": [host_record(h) for h in remote],
+                "hosts": records,
             }
             path = cache_dir() / HINT_FILE
             entries = _read_hints(path)
