@@ -11,6 +11,7 @@ from sglang.srt.speculative.ddtree_config import (
     check_ddtree_attention,
     check_ddtree_worker,
     ddtree_request_error,
+    ddtree_verify_backend,
     ddtree_verify_width,
     resolve_ddtree_server_args,
 )
@@ -23,6 +24,8 @@ def _cfg(**over):
         speculative_draft_window_size=None,
         speculative_use_block_verification=False,
         speculative_num_draft_tokens=4,
+        attn_dp_size=1,
+        pp_size=1,
     )
     base.update(over)
     return SimpleNamespace(**base)
@@ -57,11 +60,65 @@ def test_no_budget_declares_nothing():
         ),
         ({"speculative_use_block_verification": True}, "block-verification"),
         ({"speculative_num_draft_tokens": 1}, "block size >= 2"),
+        ({"attn_dp_size": 8}, "--attn-dp-size > 1 yet \\(got 8\\)"),
+        ({"pp_size": 2}, "only supports --pp-size 1 \\(got 2\\)"),
     ],
 )
 def test_each_refused_server_setting_has_its_message(over, message):
     with pytest.raises(ValueError, match=message):
         resolve_ddtree_server_args(_cfg(**over))
+
+
+@pytest.mark.parametrize(
+    "backend,is_mla,refused",
+    [
+        ("triton", True, False),
+        ("trtllm_mla", True, True),
+        ("flashinfer", True, True),
+        ("flashmla", True, True),
+        ("triton", False, False),
+        ("flashinfer", False, False),
+        ("fa3", False, True),
+        ("torch_native", False, True),
+    ],
+)
+def test_verify_backend_is_refused_at_argument_resolution(backend, is_mla, refused):
+    """The TARGET_VERIFY backend is known once the attention hook ran: an MLA
+    target (Kimi) verifies with triton only, before any weight loads."""
+    cfg = _cfg()
+    if not refused:
+        assert resolve_ddtree_server_args(cfg, backend, is_mla)
+        return
+    with pytest.raises(ValueError, match=f"--attention-backend {backend} does not"):
+        resolve_ddtree_server_args(cfg, backend, is_mla)
+
+
+def test_all_refusals_are_reported_together():
+    cfg = _cfg(attn_dp_size=8, speculative_use_block_verification=True)
+    with pytest.raises(ValueError) as info:
+        resolve_ddtree_server_args(cfg, "trtllm_mla", True)
+    text = str(info.value)
+    assert "block-verification" in text and "--attn-dp-size" in text
+    assert "--attention-backend trtllm_mla" in text
+
+
+@pytest.mark.parametrize(
+    "mode,split,expected",
+    [
+        ("prefill", {}, "triton"),
+        ("prefill", {"prefill_attention_backend": "fa3"}, "fa3"),
+        ("decode", {"prefill_attention_backend": "fa3"}, "triton"),
+        ("decode", {"decode_attention_backend": "trtllm_mla"}, "trtllm_mla"),
+    ],
+)
+def test_verify_backend_follows_the_speculative_attention_mode(mode, split, expected):
+    cfg = SimpleNamespace(
+        speculative_attention_mode=mode,
+        attention_backend="triton",
+        prefill_attention_backend=split.get("prefill_attention_backend"),
+        decode_attention_backend=split.get("decode_attention_backend"),
+    )
+    assert ddtree_verify_backend(cfg) == expected
 
 
 def _spec(budget=8, topk=None, block=4):
@@ -108,7 +165,8 @@ def test_attention_backends_must_apply_the_verify_mask():
     check_ddtree_attention("FlashInferAttnBackend", is_mla=False)
     with pytest.raises(ValueError, match="FlashAttentionBackend does not for this"):
         check_ddtree_attention("FlashAttentionBackend", is_mla=False)
-    with pytest.raises(ValueError, match="does not for this MLA model"):
+    message = "does not for an MLA target .* TritonAttnBackend"
+    with pytest.raises(ValueError, match=message):
         check_ddtree_attention("FlashInferAttnBackend", is_mla=True)
 
 

@@ -14,8 +14,13 @@ import urllib.request
 
 import pytest
 
-from cpu_engine.cpu_tree import DDTREE_TORCH_NATIVE, prepare_cpu_tree
+from cpu_engine.cpu_tree import (
+    DDTREE_TORCH_NATIVE,
+    DDTREE_TORCH_NATIVE_MLA,
+    prepare_cpu_tree,
+)
 from cpu_engine.fixtures import sglang_source_python, tree_root
+from cpu_engine.models import make_tiny_models
 from cpu_engine.server import dflash_args, launch_server, start_expect_failure
 
 pytestmark = pytest.mark.slow
@@ -62,21 +67,52 @@ def test_refused_configuration_fails_at_start_up_with_its_message(
     assert message in tail, tail
 
 
-def test_released_backend_policy_refuses_a_backend_without_a_verify_mask(
-    tiny_models, server_log_dir
-):
-    """The CPU tree minus the harness's torch_native allowance: the released
-    policy, under which torch_native does not apply the tree mask."""
-    work = server_log_dir / "strict"
+@pytest.fixture(scope="module")
+def strict_python(tmp_path_factory):
+    """The CPU tree under the released rules: without the harness's allowance,
+    torch_native does not count as a backend that applies the tree mask."""
+    work = tmp_path_factory.mktemp("strict")
     source = sglang_source_python(tree_root(), work)
-    strict = prepare_cpu_tree(source, work / "cpu-tree", skip=[DDTREE_TORCH_NATIVE])
+    skip = [DDTREE_TORCH_NATIVE, DDTREE_TORCH_NATIVE_MLA]
+    return prepare_cpu_tree(source, work / "cpu-tree", skip=skip)
+
+
+def test_released_backend_policy_refuses_a_backend_without_a_verify_mask(
+    strict_python, tiny_models, server_log_dir
+):
     args = _ddtree(tiny_models, "--speculative-dflash-tree-budget", "8")
     log = server_log_dir / "refused-torch-native.log"
-    tail = start_expect_failure(strict, tiny_models.target, args, log)
+    tail = start_expect_failure(strict_python, tiny_models.target, args, log)
     assert (
-        "DDTree needs a target attention backend that applies a custom mask in "
-        "TARGET_VERIFY; TorchNativeAttnBackend does not for this model" in tail
+        "DDTree needs a TARGET_VERIFY attention backend that applies the tree "
+        "mask; --attention-backend torch_native does not for this target "
+        "(use: flashinfer, triton)" in tail
     ), tail
+    # Refused while the arguments resolve: no weight was loaded.
+    assert "Load weight" not in log.read_text()
+
+
+@pytest.fixture(scope="module")
+def mla_models(tmp_path_factory):
+    return make_tiny_models(tmp_path_factory.mktemp("refused-mla"), arch="mla")
+
+
+@pytest.mark.parametrize("backend", ["flashinfer", "torch_native"])
+def test_mla_target_with_a_backend_other_than_triton_is_refused_before_loading(
+    strict_python, mla_models, server_log_dir, backend
+):
+    """For an MLA target (Kimi K2.x) only triton applies the tree mask: any other
+    backend is refused at argument resolution, naming the flag and what works,
+    before any weight loads. (B300's default trtllm_mla is refused the same way,
+    test_ddtree_config; on CPU SGLang's own hardware check refuses it first.)"""
+    args = dflash_args(mla_models.draft, "--attention-backend", backend, budget=8)
+    log = server_log_dir / f"refused-mla-{backend}.log"
+    tail = start_expect_failure(strict_python, mla_models.target, args, log)
+    assert (
+        f"--attention-backend {backend} does not for an MLA target (Kimi K2.x, "
+        "DeepSeek) (use: triton)" in tail
+    ), tail
+    assert "Load weight" not in log.read_text()
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:

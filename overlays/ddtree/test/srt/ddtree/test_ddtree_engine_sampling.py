@@ -15,24 +15,24 @@ construction) that the same test must reject.
 
 from __future__ import annotations
 
-import json
-import urllib.request
 import pytest
 import torch
 
 from cpu_engine.models import make_tiny_models
+from cpu_engine.sampling import (
+    P_LOSSLESS,
+    P_LOSSY,
+    VOCAB,
+    chi_square_p,
+    exact_first_three,
+    sample_first_three,
+)
 from cpu_engine.server import dflash_args, launch_server
 
 pytestmark = pytest.mark.slow
 
-VOCAB = 8
-PROMPT = [4, 6, 5, 7, 4, 5]
-TEMPERATURE = 0.9
 REQUESTS = 3000
-PER_CALL = 100  # requests per /generate call (a batch request)
 BUDGET = 16
-P_LOSSLESS = 1e-4  # a correct server fails this once in 10,000 runs
-P_LOSSY = 1e-8
 
 
 @pytest.fixture(scope="module")
@@ -43,19 +43,7 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def exact(models) -> torch.Tensor:
     """p(t1, t2, t3 | PROMPT) at TEMPERATURE, float64 [V, V, V], from HF."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(models.target, dtype=torch.float32)
-    pairs = torch.cartesian_prod(torch.arange(VOCAB), torch.arange(VOCAB))
-    prompt = torch.tensor(PROMPT).expand(len(pairs), -1)
-    with torch.no_grad():
-        logits = model(torch.cat([prompt, pairs], dim=1)).logits.double()
-    n = len(PROMPT)
-    probs = torch.softmax(logits[:, n - 1 :, :] / TEMPERATURE, dim=-1)
-    p1 = probs[0, 0]  # [V]
-    p2 = probs[::VOCAB, 1]  # [V] rows of t1 -> p(t2 | t1)
-    p3 = probs[:, 2].view(VOCAB, VOCAB, VOCAB)  # p(t3 | t1, t2)
-    return p1[:, None, None] * p2[:, :, None] * p3
+    return exact_first_three(models.target)
 
 
 def _spec_args(models, *extra):
@@ -71,28 +59,6 @@ SERVERS = {
 }
 
 
-def _first_three(url: str) -> torch.Tensor:
-    """REQUESTS samples of the first three generated tokens, int64 [REQUESTS, 3]."""
-    rows = []
-    for _ in range(REQUESTS // PER_CALL):
-        body = {
-            "input_ids": [PROMPT] * PER_CALL,
-            "sampling_params": {
-                "max_new_tokens": 3,
-                "temperature": TEMPERATURE,
-                "ignore_eos": True,
-            },
-        }
-        request = urllib.request.Request(
-            url + "/generate",
-            json.dumps(body).encode(),
-            {"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=600) as response:
-            rows += [r["output_ids"][:3] for r in json.load(response)]
-    return torch.tensor(rows)
-
-
 @pytest.fixture(scope="module")
 def samples(cpu_sglang_python, models, server_log_dir):
     results = {}
@@ -101,28 +67,15 @@ def samples(cpu_sglang_python, models, server_log_dir):
         args += ["--max-running-requests", "32"]
         log = server_log_dir / f"sampling-{name}.log"
         with launch_server(cpu_sglang_python, models.target, args, log, env) as srv:
-            results[name] = (_first_three(srv.url), log.read_text())
+            results[name] = (sample_first_three(srv.url, REQUESTS), log.read_text())
     return results
-
-
-def _chi_square_p(tokens: torch.Tensor, exact: torch.Tensor) -> float:
-    """Chi-square p-value; cells expecting fewer than 5 are pooled into one."""
-    from scipy.stats import chisquare
-
-    flat = tokens[:, 0] * VOCAB * VOCAB + tokens[:, 1] * VOCAB + tokens[:, 2]
-    observed = torch.bincount(flat, minlength=VOCAB**3).double()
-    expected = exact.reshape(-1) * len(tokens)
-    rare = expected < 5
-    observed = torch.cat([observed[~rare], observed[rare].sum()[None]])
-    expected = torch.cat([expected[~rare], expected[rare].sum()[None]])
-    return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
 
 
 @pytest.mark.parametrize("name", ["plain", "ddtree-dense", "ddtree-light"])
 def test_first_three_tokens_follow_the_target(samples, exact, name):
     tokens, _ = samples[name]
     assert tokens.shape == (REQUESTS, 3)
-    assert _chi_square_p(tokens, exact) > P_LOSSLESS
+    assert chi_square_p(tokens, exact) > P_LOSSLESS
 
 
 def test_each_ddtree_server_ran_the_sampling_path_it_names(samples):
@@ -131,7 +84,17 @@ def test_each_ddtree_server_ran_the_sampling_path_it_names(samples):
     assert "DDTree on: budget=16" in samples["ddtree-dense"][1]
 
 
+@pytest.mark.parametrize("name", ["ddtree-dense", "ddtree-light"])
+def test_no_false_greedy_fallback_warning(samples, name):
+    """This build has no sgl-kernel sampling op: linear DFlash would fall back to
+    greedy and says so; DDTree samples exactly and says which verify it runs."""
+    log = samples[name][1]
+    assert "falling back to greedy argmax verification" not in log
+    assert "DDTree sampling verify: lossless tree speculative sampling" in log
+    assert "no greedy fallback" in log
+
+
 def test_negative_control_threshold_acc_half_is_detected(samples, exact):
     tokens, log = samples["ddtree-threshold-acc-0.5"]
     assert "DDTree sampling verify: dense" in log
-    assert _chi_square_p(tokens, exact) < P_LOSSY
+    assert chi_square_p(tokens, exact) < P_LOSSY

@@ -23,13 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from sglang.srt.speculative.ddtree_rules import (
+    DDTreeLaunch,
+    ddtree_launch_refusals,
+    verify_backend_class_refusal,
+)
 from sglang.srt.speculative.ddtree_utils import resolve_tree_topk
-
-# Target attention backends that apply a custom mask in TARGET_VERIFY. The
-# tree verify needs one: rows see the prefix, their ancestors and themselves.
-DDTREE_MASK_BACKENDS = frozenset({"TritonAttnBackend", "FlashInferAttnBackend"})
-# For MLA targets (Kimi K2.x, DeepSeek) only the triton backend does.
-DDTREE_MLA_MASK_BACKENDS = frozenset({"TritonAttnBackend"})
 
 
 def ddtree_verify_width(budget: int, block_size: int) -> int:
@@ -37,47 +36,53 @@ def ddtree_verify_width(budget: int, block_size: int) -> int:
     return max(int(budget) + 1, int(block_size))
 
 
-def resolve_ddtree_server_args(cfg: Any) -> dict[str, int]:
-    """Field declarations for a DDTree server, or ValueError naming the flag.
+def resolve_ddtree_server_args(
+    cfg: Any, verify_backend: Optional[str] = None, is_mla: Optional[bool] = None
+) -> dict[str, int]:
+    """Field declarations for a DDTree server, or ValueError with every refusal.
 
     ``cfg`` is the resolving server-args view after DFlash resolved its block
-    size into ``speculative_num_draft_tokens``. Returns the draft block size
-    (``speculative_dflash_block_size``) and the verify width
-    (``speculative_num_draft_tokens``).
+    size into ``speculative_num_draft_tokens`` (the hook runs after the
+    attention backends are resolved). ``verify_backend`` is the
+    --attention-backend value that runs TARGET_VERIFY and ``is_mla`` whether
+    the target is MLA; both come from the hook, which knows the model config.
+    Returns the draft block size (``speculative_dflash_block_size``) and the
+    verify width (``speculative_num_draft_tokens``).
     """
     budget = cfg.speculative_dflash_tree_budget
+    launch = DDTreeLaunch(
+        budget=budget,
+        topk=cfg.speculative_dflash_tree_topk,
+        block_size=int(cfg.speculative_num_draft_tokens),
+        verify_backend=verify_backend,
+        is_mla=is_mla,
+        attn_dp_size=int(cfg.attn_dp_size or 1),
+        pp_size=int(cfg.pp_size or 1),
+        block_verification=bool(cfg.speculative_use_block_verification),
+    )
+    reasons = ddtree_launch_refusals(launch)
+    if reasons:
+        raise ValueError(" ".join(reasons))
     if budget is None:
-        if cfg.speculative_dflash_tree_topk is not None:
-            raise ValueError(
-                "--speculative-dflash-tree-topk requires "
-                "--speculative-dflash-tree-budget (DDTree is off without a budget)."
-            )
         return {}
-    _check_positive("--speculative-dflash-tree-budget", budget)
-    if cfg.speculative_dflash_tree_topk is not None:
-        _check_positive(
-            "--speculative-dflash-tree-topk", cfg.speculative_dflash_tree_topk
-        )
-    if cfg.speculative_use_block_verification:
-        raise ValueError(
-            "DDTree does not support --speculative-use-block-verification (it "
-            "verifies a tree, not a block)."
-        )
     block_size = int(cfg.speculative_num_draft_tokens)
-    if block_size < 2:
-        raise ValueError(
-            "DDTree needs a DFlash block size >= 2 (one draft depth), "
-            f"got {block_size}."
-        )
     return {
         "speculative_dflash_block_size": block_size,
         "speculative_num_draft_tokens": ddtree_verify_width(budget, block_size),
     }
 
 
-def _check_positive(flag: str, value: Any) -> None:
-    if int(value) <= 0:
-        raise ValueError(f"DDTree requires {flag} to be positive, got {value}.")
+def ddtree_verify_backend(cfg: Any) -> Optional[str]:
+    """The --attention-backend value that runs the target's TARGET_VERIFY.
+
+    A split prefill/decode setup verifies with the prefill backend unless
+    --speculative-attention-mode is "decode" (SGLang's HybridAttnBackend).
+    """
+    if cfg.speculative_attention_mode == "decode":
+        split = cfg.decode_attention_backend
+    else:
+        split = cfg.prefill_attention_backend
+    return split or cfg.attention_backend
 
 
 @dataclass(frozen=True)
@@ -127,14 +132,9 @@ class DDTreeConfig:
 
 def check_ddtree_attention(attention_backend: str, is_mla: bool) -> None:
     """Refuse a target TARGET_VERIFY backend (class name) that ignores the mask."""
-    allowed = DDTREE_MLA_MASK_BACKENDS if is_mla else DDTREE_MASK_BACKENDS
-    if attention_backend not in allowed:
-        arch = "MLA " if is_mla else ""
-        raise ValueError(
-            f"DDTree needs a target attention backend that applies a custom mask "
-            f"in TARGET_VERIFY; {attention_backend} does not for this {arch}model "
-            f"(supported: {', '.join(sorted(allowed))})."
-        )
+    reason = verify_backend_class_refusal(attention_backend, is_mla)
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def check_ddtree_worker(

@@ -208,11 +208,15 @@ def sample_per_slot(probs: torch.Tensor) -> torch.Tensor:
     return (probs.to(torch.float32) / race).argmax(dim=-1)
 
 
+def dense_sampling_limit() -> int:
+    """The documented threshold, or $SGLANG_DDTREE_DENSE_SAMPLING_MAX_ELEMENTS."""
+    limit = os.environ.get("SGLANG_DDTREE_DENSE_SAMPLING_MAX_ELEMENTS")
+    return DDTREE_DENSE_SAMPLING_MAX_ELEMENTS if limit is None else int(limit)
+
+
 def use_dense_sampling(bs: int, width: int, vocab_size: int) -> bool:
     """Whether the [bs, W, V] probabilities fit the documented threshold."""
-    limit = os.environ.get("SGLANG_DDTREE_DENSE_SAMPLING_MAX_ELEMENTS")
-    limit = DDTREE_DENSE_SAMPLING_MAX_ELEMENTS if limit is None else int(limit)
-    return bs * width * vocab_size <= limit
+    return bs * width * vocab_size <= dense_sampling_limit()
 
 
 def commit_outputs(

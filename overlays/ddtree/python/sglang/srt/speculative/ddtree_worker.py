@@ -40,6 +40,7 @@ from sglang.srt.speculative.ddtree_step import (
     build_verify_step,
     commit_outputs,
     compact_hidden,
+    dense_sampling_limit,
     sample_per_slot,
     use_dense_sampling,
 )
@@ -166,12 +167,21 @@ class DDTreeVerifier:
         draft_input: Any,
         threshold_single: float,
         threshold_acc: float,
+        tp_sync: Any = None,
     ):
         """Verify the step: (accept_len, commit_lens, bonus, out_tokens, None).
 
         The tuple is ``DFlashWorkerV2._accept_block``'s (no new_seq_lens: the
         worker derives them from commit_lens). ``draft_input`` carries the batch's
         host-side top-k bound, so top-k sampling reads nothing back.
+
+        tp_sync: the worker's ``SpecTpSync``. Every TP rank must commit what
+        rank 0 commits, so the accept decision is broadcast from rank 0 at
+        linear DFlash's sites (``SGLANG_SPEC_TP_SYNC`` selects them): greedy
+        broadcasts the target argmax before the walk, sampling the drawn
+        outcome (the accepted path, its length and the emitted tokens, or the
+        per-slot target samples of the memory-light path). Broadcasts are
+        device collectives: no host sync.
         """
         step = self._step
         s = self.config.num_speculative_tokens
@@ -189,17 +199,26 @@ class DDTreeVerifier:
                 top_k,
                 threshold_single,
                 threshold_acc,
+                tp_sync,
             )
         else:
             if target_predict is None:
                 target_predict = torch.argmax(next_token_logits, dim=-1)
+            _sync(tp_sync, "DFLASH_ACCEPT_GREEDY", target_predict)
             accept = accept_greedy(step, target_predict, s)
         self._accept = accept
         out_tokens, commit_lens, bonus = commit_outputs(accept, self.config.block_size)
         return accept.accept_len, commit_lens, bonus, out_tokens, None
 
     def _accept_sampled(
-        self, step, logits, sampling_info, top_k, threshold_single, threshold_acc
+        self,
+        step,
+        logits,
+        sampling_info,
+        top_k,
+        threshold_single,
+        threshold_acc,
+        tp_sync,
     ) -> DDTreeAccept:
         from sglang.srt.speculative.dflash_utils import (
             build_speculative_verify_target_probs,
@@ -217,7 +236,10 @@ class DDTreeVerifier:
                 bs=bs,
                 **top_k,
             )
-            return accept_sampling(step, probs, s, threshold_single, threshold_acc)
+            accept = accept_sampling(
+                step, probs, s, threshold_single, threshold_acc
+            )
+            return _sync_accept(tp_sync, accept)
         self._log_path_once("one target sample per slot, then the greedy walk")
         samples = torch.empty((bs * width,), dtype=torch.int64, device=logits.device)
         rows = max(1, DDTREE_ROWS_PER_CHUNK // width) * width
@@ -231,7 +253,23 @@ class DDTreeVerifier:
                 **top_k,  # the batch's bound holds for any of its requests
             )
             samples[chunk] = sample_per_slot(probs.view(-1, vocab))
+        _sync(tp_sync, "DFLASH_ACCEPT_SAMPLE", samples)
         return accept_by_target_samples(step, samples.view(bs, width), s)
+
+    def log_sampling_verify(self) -> None:
+        """Say which sampling verify serves sampled requests (no greedy fallback).
+
+        Linear DFlash warns that it falls back to greedy argmax when sgl-kernel
+        lacks its sampling op; DDTree never does, whatever the build.
+        """
+        limit = dense_sampling_limit()
+        logger.info(
+            "DDTree sampling verify: lossless tree speculative sampling (%s) up "
+            "to %d target-probability elements per step, one exact target "
+            "sample per slot then the tree walk above; no greedy fallback.",
+            _impl(self.eager_head.weight),
+            limit,
+        )
 
     def _log_path_once(self, path: str) -> None:
         if path not in self._logged_paths:
@@ -271,6 +309,36 @@ class _RowsView:
         if name in ("temperatures", "top_ks", "top_ps", "min_ps"):
             return value[self._reqs]
         return value
+
+
+def _sync(tp_sync: Any, site: str, values: torch.Tensor) -> torch.Tensor:
+    """Broadcast ``values`` in place from TP rank 0 at ``SpecTpSyncSite[site]``."""
+    if tp_sync is None:
+        return values
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSyncSite
+
+    return tp_sync.sync(SpecTpSyncSite[site], values)
+
+
+def _sync_accept(tp_sync: Any, accept: DDTreeAccept) -> DDTreeAccept:
+    """Rank 0's sampled accept on every rank, in one broadcast.
+
+    accept_index int32 [bs, S], accept_len int32 [bs] and predicts int32
+    [bs * W] travel packed in one int32 tensor (one collective, not three).
+    """
+    if tp_sync is None:
+        return accept
+    bs, s = accept.accept_index.shape
+    packed = torch.cat(
+        [
+            accept.accept_index.reshape(-1).to(torch.int32),
+            accept.accept_len.to(torch.int32),
+            accept.predicts.to(torch.int32),
+        ]
+    )
+    _sync(tp_sync, "DFLASH_ACCEPT_SAMPLE", packed)
+    index, length, predicts = packed.split([bs * s, bs, accept.predicts.numel()])
+    return DDTreeAccept(index.view(bs, s), length, predicts)
 
 
 def _tp_group_or_none(tp_group: Any) -> Any:

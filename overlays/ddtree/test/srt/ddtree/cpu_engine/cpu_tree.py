@@ -12,9 +12,23 @@ path there. :func:`prepare_cpu_tree` copies a ``python/`` directory (the one hol
 5. ``models/dflash.py``: the Triton ``table_qk_norm_rope_`` only for CUDA tensors;
 6. ``model_executor/model_runner.py``: keep float32 ``input_embeds`` for float32
    models (stock casts them to bf16, which a float32 DFlash draft cannot take);
-7. ``speculative/ddtree_config.py`` (only where DDTree is wired, i.e. the file
-   exists): let DDTree accept ``TorchNativeAttnBackend`` as a target backend that
-   applies the tree mask in TARGET_VERIFY, which it does after change 3.
+7. ``speculative/ddtree_rules.py`` (only where DDTree is wired, i.e. the file
+   exists): let DDTree accept ``torch_native`` as a target backend that applies
+   the tree mask in TARGET_VERIFY, which it does after change 3 (for MHA and,
+   as a separate change, for MLA targets);
+8. ``models/deepseek_common/attention_backend_handler.py``: a ``torch_native``
+   handler that runs absorbed MLA (stock falls back to the Triton handler, whose
+   MHA prefill reads the latent cache at the wrong width);
+9. ``distributed/parallel_state.py``: no PyNccl communicator for ``gloo``
+   groups, so TP > 1 runs on CPU (stock creates one for any multi-rank group);
+10. ``speculative/ddtree_worker.py``: calls into ``ddtree_test_hooks`` (copied
+    beside it from this directory): per-rank records of the committed tokens,
+    per-rank coins and a shifted-mask control, each off unless its environment
+    variable is set (see that module).
+
+Where a test runs the target's verify through SGLang's own ``TritonAttnBackend``
+(``--attention-backend triton``), changes 3, 7 and 8 are not on its path: the
+backend and its Triton kernels run as shipped, under the Triton interpreter.
 
 Each change is an exact-snippet replacement that must match exactly once; otherwise
 :class:`CpuTreeError` names the file and the change. Snippets are short and local so
@@ -59,8 +73,13 @@ _TORCH_NATIVE = "sglang/srt/layers/attention/torch_native_backend.py"
 _DFLASH_WORKER = "sglang/srt/speculative/dflash_worker_v2.py"
 _DFLASH_MODEL = "sglang/srt/models/dflash.py"
 _MODEL_RUNNER = "sglang/srt/model_executor/model_runner.py"
-_DDTREE_CONFIG = "sglang/srt/speculative/ddtree_config.py"
-DDTREE_TORCH_NATIVE = "ddtree_config: torch_native applies the tree mask (change 3)"
+_DDTREE_RULES = "sglang/srt/speculative/ddtree_rules.py"
+_DDTREE_WORKER = "sglang/srt/speculative/ddtree_worker.py"
+_DEEPSEEK_HANDLER = "sglang/srt/models/deepseek_common/attention_backend_handler.py"
+_PARALLEL_STATE = "sglang/srt/distributed/parallel_state.py"
+DDTREE_TORCH_NATIVE = "ddtree_rules: torch_native applies the tree mask (change 3)"
+DDTREE_TORCH_NATIVE_MLA = "ddtree_rules: torch_native applies it for MLA too"
+HOOKS = Path(__file__).resolve().parent / "ddtree_test_hooks.py"
 
 # The TARGET_VERIFY attention for the torch_native backend (change 3). Why a loop:
 # requests have different prefix lengths and the tests batch at most four.
@@ -201,12 +220,68 @@ CHANGES: tuple[Change, ...] = (
     ),
     Change(
         DDTREE_TORCH_NATIVE,
-        _DDTREE_CONFIG,
-        'DDTREE_MASK_BACKENDS = frozenset({"TritonAttnBackend", '
-        '"FlashInferAttnBackend"})\n',
-        "DDTREE_MASK_BACKENDS = frozenset(\n"
-        '    {"TritonAttnBackend", "FlashInferAttnBackend", "TorchNativeAttnBackend"}\n'
-        ")  # test-only CPU change: torch_native's verify path applies the mask\n",
+        _DDTREE_RULES,
+        'DDTREE_MASK_BACKENDS = {\n    "triton": "TritonAttnBackend",\n',
+        'DDTREE_MASK_BACKENDS = {\n    "triton": "TritonAttnBackend",\n'
+        '    "torch_native": "TorchNativeAttnBackend",  # test-only CPU change\n',
+        optional=True,
+    ),
+    Change(
+        DDTREE_TORCH_NATIVE_MLA,
+        _DDTREE_RULES,
+        'DDTREE_MLA_MASK_BACKENDS = {"triton": "TritonAttnBackend"}\n',
+        'DDTREE_MLA_MASK_BACKENDS = {\n    "triton": "TritonAttnBackend",\n'
+        '    "torch_native": "TorchNativeAttnBackend",  # test-only CPU change\n'
+        "}\n",
+        optional=True,
+    ),
+    Change(
+        "deepseek attention_backend_handler: torch_native runs absorbed MLA",
+        _DEEPSEEK_HANDLER,
+        'AttentionBackendRegistry.register("intel_xpu", handle_attention_intel_xpu)\n',
+        'AttentionBackendRegistry.register("intel_xpu", handle_attention_intel_xpu)\n'
+        "# Test-only CPU change: torch_native reads the latent MLA cache as MLA.\n"
+        "AttentionBackendRegistry.register(\n"
+        '    "torch_native", lambda attn, forward_batch: AttnForwardMethod.MLA\n'
+        ")\n",
+    ),
+    Change(
+        "parallel_state: no PyNccl for CPU (gloo) groups",
+        _PARALLEL_STATE,
+        '            use_pynccl = not (_is_npu or _is_xpu or backend == "mooncake")\n',
+        '            use_pynccl = not (_is_npu or _is_xpu or backend == "mooncake")\n'
+        '            use_pynccl = use_pynccl and backend != "gloo"  # test-only CPU\n',
+    ),
+    Change(
+        "ddtree_worker: test hooks (rank records, per-rank coins, mask control)",
+        _DDTREE_WORKER,
+        "        out_tokens, commit_lens, bonus = commit_outputs(accept, "
+        "self.config.block_size)\n",
+        "        out_tokens, commit_lens, bonus = commit_outputs(accept, "
+        "self.config.block_size)\n"
+        "        from sglang.srt.speculative import ddtree_test_hooks  # test-only\n\n"
+        "        ddtree_test_hooks.record_commit(out_tokens, commit_lens)\n",
+        optional=True,
+    ),
+    Change(
+        "ddtree_worker: test hook before the sampled accept draws its coins",
+        _DDTREE_WORKER,
+        "        bs, width = step.tokens.shape\n        s = self.config."
+        "num_speculative_tokens\n        vocab = logits.shape[-1]\n",
+        "        bs, width = step.tokens.shape\n        s = self.config."
+        "num_speculative_tokens\n        vocab = logits.shape[-1]\n"
+        "        from sglang.srt.speculative import ddtree_test_hooks  # test-only\n\n"
+        "        ddtree_test_hooks.before_sampling()\n",
+        optional=True,
+    ),
+    Change(
+        "ddtree_worker: test hook on the built verify step (mask control)",
+        _DDTREE_WORKER,
+        "            prefix_lens_bound,\n        )\n        return self._step\n",
+        "            prefix_lens_bound,\n        )\n"
+        "        from sglang.srt.speculative import ddtree_test_hooks  # test-only\n\n"
+        "        ddtree_test_hooks.corrupt_mask(self._step)\n"
+        "        return self._step\n",
         optional=True,
     ),
 )
@@ -258,6 +333,8 @@ def prepare_cpu_tree(
     for change in CHANGES:
         if change.name not in skip:
             apply_change(python_dir, change)
+    if (python_dir / _DDTREE_WORKER).is_file():
+        shutil.copy2(HOOKS, python_dir / "sglang/srt/speculative" / HOOKS.name)
     shutil.copytree(STUB_DIR / "sgl_kernel", dest / "sgl_kernel_stub" / "sgl_kernel",
                     ignore=ignore)
     return python_dir

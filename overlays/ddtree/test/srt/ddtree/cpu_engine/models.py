@@ -55,6 +55,28 @@ ALT_TARGET_LOGIT = 8.0
 ALT_TARGET_NOISE = 1e-4
 
 
+ARCHS = ("llama", "mla")
+# The "mla" target: Kimi K2's architecture (DeepseekV3ForCausalLM) scaled down:
+# MLA attention with q/kv LoRA ranks and split nope/rope head dims
+# (qk_head_dim 24 != v_head_dim 16), a dense first layer, then MoE layers with
+# MLA_EXPERTS routed experts (top MLA_TOP_K, sigmoid scores, noaux_tc) and one
+# shared expert; yarn RoPE (SGLang's CPU rope path does deepseek_yarn only).
+MLA_LAYERS, MLA_EXPERTS, MLA_TOP_K = 3, 4, 2
+MLA_Q_LORA, MLA_KV_LORA, MLA_NOPE, MLA_ROPE, MLA_V = 32, 32, 16, 8, 16
+MLA_MOE_INTERMEDIATE = 32
+MLA_YARN = {
+    "rope_type": "yarn",
+    "type": "yarn",
+    "factor": 2.0,
+    "original_max_position_embeddings": MAX_POSITIONS // 2,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "rope_theta": 10000.0,
+}
+
+
 @dataclass(frozen=True)
 class TinyModels:
     """Paths of the written checkpoints; both directories hold the tokenizer."""
@@ -64,6 +86,7 @@ class TinyModels:
     vocab: int
     block_size: int
     kind: str = "random"
+    arch: str = "llama"
 
 
 def _torch_dtype(dtype: str) -> torch.dtype:
@@ -90,7 +113,12 @@ def write_tokenizer(path: Path, vocab: int) -> None:
     fast.save_pretrained(str(path))
 
 
-def _write_target(path: Path, vocab: int, seed: int, dtype: str, kind: str) -> None:
+def _write_target(
+    path: Path, vocab: int, seed: int, dtype: str, kind: str, arch: str = "llama"
+) -> None:
+    if arch == "mla":
+        _write_mla_target(path, vocab, seed, dtype, kind)
+        return
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -107,6 +135,49 @@ def _write_target(path: Path, vocab: int, seed: int, dtype: str, kind: str) -> N
         if kind == "alternating":
             _make_alternating_target(model, vocab)
     model.to(_torch_dtype(dtype)).save_pretrained(str(path))
+
+
+def mla_config(vocab: int) -> dict:
+    """The tiny DeepseekV3ForCausalLM's config keys (Hugging Face names)."""
+    return dict(
+        vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=INTERMEDIATE,
+        moe_intermediate_size=MLA_MOE_INTERMEDIATE, num_hidden_layers=MLA_LAYERS,
+        num_attention_heads=HEADS, num_key_value_heads=HEADS,
+        n_shared_experts=1, n_routed_experts=MLA_EXPERTS,
+        num_experts_per_tok=MLA_TOP_K, n_group=1, topk_group=1,
+        first_k_dense_replace=1, routed_scaling_factor=1.0, norm_topk_prob=True,
+        q_lora_rank=MLA_Q_LORA, kv_lora_rank=MLA_KV_LORA,
+        qk_nope_head_dim=MLA_NOPE, qk_rope_head_dim=MLA_ROPE, v_head_dim=MLA_V,
+        max_position_embeddings=MAX_POSITIONS, initializer_range=INIT_STD,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, pad_token_id=PAD_ID,
+        bos_token_id=BOS_ID, eos_token_id=EOS_ID, rope_parameters=dict(MLA_YARN),
+        num_nextn_predict_layers=0,
+    )
+
+
+def _write_mla_target(path: Path, vocab: int, seed: int, dtype: str, kind: str):
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(**mla_config(vocab))
+    config.architectures = ["DeepseekV3ForCausalLM"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = DeepseekV3ForCausalLM(config)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("e_score_correction_bias"):
+                    param.zero_()
+        if kind == "alternating":
+            _make_alternating_target(model, vocab)
+    model.to(_torch_dtype(dtype)).save_pretrained(str(path))
+    # Keys Kimi K2 / DeepSeek-V3 checkpoints carry that HF's config leaves out,
+    # and the RoPE scaling under its pre-5.x name, which SGLang's factory reads.
+    raw = json.loads((path / "config.json").read_text())
+    raw.update(
+        moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid",
+        rope_scaling=dict(MLA_YARN), rope_theta=MLA_YARN["rope_theta"],
+    )
+    (path / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
 
 
 def _one_hot_embeddings(vocab: int) -> torch.Tensor:
@@ -141,14 +212,17 @@ def _make_alternating_target(model, vocab: int) -> None:
     with torch.no_grad():
         model.model.embed_tokens.weight.copy_(_one_hot_embeddings(vocab))
         model.lm_head.weight.copy_(alternating_lm_head(vocab))
-        for layer in model.model.layers:
-            # Tiny, not zero: the layers still run (and feed the draft), but their
-            # output cannot move an argmax decided by a margin of ALT_TARGET_LOGIT.
-            for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
-                proj.weight.mul_(ALT_TARGET_NOISE / INIT_STD)
+        # Tiny, not zero: the layers still run (and feed the draft), but their
+        # output cannot move an argmax decided by a margin of ALT_TARGET_LOGIT.
+        # Every attention output and every MLP / expert down projection.
+        for name, param in model.model.layers.named_parameters():
+            if "o_proj" in name or "down_proj" in name:
+                param.mul_(ALT_TARGET_NOISE / INIT_STD)
 
 
-def draft_config(vocab: int, dtype: str, block_size: int) -> dict:
+def draft_config(
+    vocab: int, dtype: str, block_size: int, target_layers: int = TARGET_LAYERS
+) -> dict:
     """The DFlash draft's config.json (a qwen3 text config plus the DFlash keys)."""
     return {
         "architectures": ["DFlashDraftModel"],
@@ -172,7 +246,7 @@ def draft_config(vocab: int, dtype: str, block_size: int) -> dict:
         "bos_token_id": BOS_ID,
         "eos_token_id": EOS_ID,
         "block_size": block_size,
-        "num_target_layers": TARGET_LAYERS,
+        "num_target_layers": target_layers,
         "dflash_config": {
             "mask_token_id": UNK_ID,
             "target_layer_ids": list(DRAFT_TARGET_LAYER_IDS),
@@ -208,7 +282,13 @@ def draft_weight_shapes() -> dict[str, tuple[int, ...]]:
 
 
 def _write_draft(
-    path: Path, vocab: int, seed: int, dtype: str, block_size: int, kind: str
+    path: Path,
+    vocab: int,
+    seed: int,
+    dtype: str,
+    block_size: int,
+    kind: str,
+    target_layers: int = TARGET_LAYERS,
 ) -> None:
     from safetensors.torch import save_file
 
@@ -228,7 +308,7 @@ def _write_draft(
             t = torch.randn(shape, generator=gen) * INIT_STD
         tensors[name] = t.to(_torch_dtype(dtype)).contiguous()
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
-    config = draft_config(vocab, dtype, block_size)
+    config = draft_config(vocab, dtype, block_size, target_layers)
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 
@@ -239,6 +319,7 @@ def make_tiny_models(
     dtype: str = "float32",
     block_size: int = 4,
     kind: str = "random",
+    arch: str = "llama",
 ) -> TinyModels:
     """Write ``root/target`` and ``root/draft`` (deterministic for ``seed``).
 
@@ -248,14 +329,34 @@ def make_tiny_models(
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
     least = 16 if kind == "alternating" else 8
     if vocab < least:
         raise ValueError(f"vocab must be at least {least} for kind {kind!r}")
     root = Path(root)
     target, draft = root / "target", root / "draft"
-    _write_target(target, vocab, seed, dtype, kind)
+    _write_target(target, vocab, seed, dtype, kind, arch)
     write_tokenizer(target, vocab)
-    _write_draft(draft, vocab, seed, dtype, block_size, kind)
+    layers = MLA_LAYERS if arch == "mla" else TARGET_LAYERS
+    _write_draft(draft, vocab, seed, dtype, block_size, kind, layers)
     write_tokenizer(draft, vocab)
     return TinyModels(target=target, draft=draft, vocab=vocab, block_size=block_size,
-                      kind=kind)
+                      kind=kind, arch=arch)
+
+
+def hf_greedy(model_dir: Path, prompts, new_tokens: int) -> list[list[int]]:
+    """Plain greedy decoding with Hugging Face (float32 argmax loop, no cache):
+    the reference the served outputs must equal token for token."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    outputs = []
+    for prompt in prompts:
+        ids = torch.tensor([list(prompt)])
+        with torch.no_grad():
+            for _ in range(new_tokens):
+                nxt = model(ids).logits[0, -1].argmax()
+                ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+        outputs.append(ids[0, len(prompt):].tolist())
+    return outputs

@@ -264,6 +264,25 @@ def dflash_args(draft: Path, *extra: str, budget: int | None = None,
     return args + list(extra)
 
 
+def tp_args(tp: int) -> tuple[list[str], dict[str, str]]:
+    """(server args, env) for tensor parallelism ``tp`` on this CPU machine.
+
+    SGLang binds each TP rank's OpenMP threads to a NUMA node unless told which
+    cores to use; a test machine has one node, so rank r gets core r mod cores.
+    """
+    cores = os.cpu_count() or 1
+    bind = "|".join(str(rank % cores) for rank in range(tp))
+    return ["--tp-size", str(tp)], {"SGLANG_CPU_OMP_THREADS_BIND": bind}
+
+
+# The target's attention through SGLang's own TritonAttnBackend: its metadata,
+# custom_mask / mask_indptr buffers and its real Triton kernels, which the Triton
+# interpreter runs on CPU tensors (about 30 ms per kernel program, so only for
+# token counts in the tens of steps per request).
+TRITON_VERIFY_ARGS = ("--attention-backend", "triton")
+TRITON_VERIFY_ENV = {"TRITON_INTERPRET": "1"}
+
+
 def launch_server(
     python_dir: Path,
     model: Path,

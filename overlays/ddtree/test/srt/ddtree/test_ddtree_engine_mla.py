@@ -1,0 +1,168 @@
+"""DDTree on Kimi K2's architecture (MLA + MoE), at TP 1 and TP 2, through SGLang's
+own TritonAttnBackend, on a real SGLang 0.5.23 server (CPU).
+
+The target is a tiny ``DeepseekV3ForCausalLM`` (MLA with q/kv LoRA and split
+nope/rope heads, a dense first layer, then routed experts with a shared expert;
+``cpu_engine.models``). Its attention runs through SGLang's real
+``TritonAttnBackend`` (forward metadata, ``custom_mask`` / ``mask_indptr``,
+``extend_attention_fwd`` / ``decode_attention_fwd``), whose Triton kernels the
+Triton interpreter runs on CPU: the tree mask is read by the very kernel that
+reads it on a GPU, at the offsets it reads. One module-scoped run starts these
+servers one after the other and records what they generate:
+
+* DDTree on random weights at TP 1 and TP 2: greedy output equals Hugging Face's
+  plain greedy decoding of the same checkpoint, token for token; at TP 2 both
+  ranks commit the same tokens (each rank writes what it commits);
+* a control whose tree mask is shifted by one element: greedy equality fails;
+* linear DFlash and DDTree on the "alternating" models (a bigram target and a
+  draft whose second choice completes the block): DDTree's accept length at
+  TP 1 and TP 2 is far above linear DFlash's, as the models force it to be.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from cpu_engine.models import hf_greedy, make_tiny_models
+from cpu_engine.server import (
+    TRITON_VERIFY_ARGS,
+    TRITON_VERIFY_ENV,
+    dflash_args,
+    launch_server,
+    tp_args,
+)
+
+pytestmark = pytest.mark.slow
+
+NEW_TOKENS = 20
+PROMPTS = [
+    list(range(5, 17)),
+    [30, 31, 32],
+    [7, 9, 11, 13, 17, 19, 23],
+    [50, 12, 50, 12, 8],
+]
+BUDGET = 16
+# The alternating models: top two tokens per depth, 2 + 4 + 8 = 14 nodes reach
+# X Y X for the draft depth 3, so DDTree accepts the whole block (see
+# test_cpu_engine_acceptance); linear DFlash commits two tokens per verify.
+ALT_BUDGET, ALT_TOPK = 14, 2
+
+
+@dataclass(frozen=True)
+class Config:
+    models: str  # "random" or "alternating"
+    tp: int
+    budget: int | None  # None: linear DFlash
+    topk: int | None = None
+    env: dict = field(default_factory=dict)
+    record: bool = False
+
+
+CONFIGS = {
+    "tp1-ddtree": Config("random", 1, BUDGET),
+    "tp2-ddtree": Config("random", 2, BUDGET, record=True),
+    "tp1-ddtree-mask-shifted": Config(
+        "random", 1, BUDGET, env={"DDTREE_TEST_MASK": "shift"}
+    ),
+    "tp1-linear-alt": Config("alternating", 1, None),
+    "tp1-ddtree-alt": Config("alternating", 1, ALT_BUDGET, ALT_TOPK),
+    "tp2-ddtree-alt": Config("alternating", 2, ALT_BUDGET, ALT_TOPK),
+}
+
+
+@dataclass
+class Run:
+    outputs: list[list[int]]
+    accept_lengths: list[float]
+    info: dict
+    records: dict[str, list[str]]
+
+
+@pytest.fixture(scope="module")
+def mla_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mla-models")
+    return {
+        "random": make_tiny_models(root / "random", arch="mla"),
+        "alternating": make_tiny_models(
+            root / "alternating", arch="mla", kind="alternating"
+        ),
+    }
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(mla_models):
+    """Plain greedy decoding of the random MLA target (Hugging Face, float32)."""
+    return hf_greedy(mla_models["random"].target, PROMPTS, NEW_TOKENS)
+
+
+def _serve(name, config, models, python_dir, log_dir, tmp: Path) -> Run:
+    parallel, env = tp_args(config.tp)
+    env = {**env, **TRITON_VERIFY_ENV, **config.env}
+    record_dir = tmp / name
+    if config.record:
+        record_dir.mkdir()
+        env["DDTREE_TEST_RECORD_DIR"] = str(record_dir)
+    args = [*TRITON_VERIFY_ARGS, *parallel]
+    args += dflash_args(models.draft, budget=config.budget, topk=config.topk)
+    log = log_dir / f"mla-{name}.log"
+    with launch_server(python_dir, models.target, args, log, env) as server:
+        results = server.generate_batch(PROMPTS, max_new_tokens=NEW_TOKENS)
+        info = server.server_info()
+    records = {p.name: p.read_text().splitlines() for p in record_dir.glob("*.jsonl")}
+    return Run(
+        outputs=[r["output_ids"] for r in results],
+        accept_lengths=[r["meta_info"]["spec_accept_length"] for r in results],
+        info=info,
+        records=records,
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(cpu_sglang_python, mla_models, server_log_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mla-records")
+    return {
+        name: _serve(
+            name, c, mla_models[c.models], cpu_sglang_python, server_log_dir, tmp
+        )
+        for name, c in CONFIGS.items()
+    }
+
+
+@pytest.mark.parametrize("name", ["tp1-ddtree", "tp2-ddtree"])
+def test_mla_moe_ddtree_greedy_equals_plain_decoding(runs, plain_greedy, name):
+    for i, (want, got) in enumerate(zip(plain_greedy, runs[name].outputs)):
+        assert got == want, f"{name}: prompt {i} diverges from plain decoding"
+
+
+@pytest.mark.parametrize("name", ["tp1-ddtree", "tp2-ddtree"])
+def test_the_verify_ran_through_sglangs_triton_backend(runs, name):
+    info = runs[name].info
+    assert info["attention_backend"] == "triton"
+    assert info["tp_size"] == CONFIGS[name].tp
+    assert info["internal_states"][0]["speculative_num_draft_tokens"] == BUDGET + 1
+
+
+def test_both_tp_ranks_commit_the_same_tokens(runs):
+    records = runs["tp2-ddtree"].records
+    assert sorted(records) == ["rank0.jsonl", "rank1.jsonl"]
+    # One line per verify step: every step of every request, on both ranks.
+    assert len(records["rank0.jsonl"]) >= NEW_TOKENS // 4
+    assert records["rank0.jsonl"] == records["rank1.jsonl"]
+
+
+def test_control_a_shifted_tree_mask_breaks_greedy_equality(runs, plain_greedy):
+    """The backend really reads the mask: one element off and the tokens change."""
+    assert runs["tp1-ddtree-mask-shifted"].outputs != plain_greedy
+
+
+@pytest.mark.parametrize("name", ["tp1-ddtree-alt", "tp2-ddtree-alt"])
+def test_tree_accepts_far_more_than_linear_dflash(runs, name):
+    linear = runs["tp1-linear-alt"].accept_lengths
+    tree = runs[name].accept_lengths
+    # Linear DFlash: two tokens per verify (the first verify one); DDTree: the
+    # whole block of four from the second verify on.
+    assert max(linear) < 2.1, linear
+    assert min(tree) > 3.0, (tree, linear)
