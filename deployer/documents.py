@@ -179,7 +179,6 @@ class HardwareMatch(_Doc):
 class HardwareProfileDoc(_Doc):
     description: str = ""
     match: HardwareMatch
-    tree_mask_backends: list[str]
     unavailable_attention_backends: dict[str, str] = {}
     unavailable_a2a_backends: dict[str, str] = {}
     values: dict[str, Any] = {}

@@ -72,8 +72,8 @@ def test_a_bad_concerns_file_names_file_and_field(tmp_path, edit, expect):
         ),
         (
             "hardware.yaml",
-            lambda d: next(iter(d.values())).update(tree_mask_backends="triton"),
-            "tree_mask_backends: Input should be a valid list",
+            lambda d: next(iter(d.values())).update(unavailable_attention_backends=["fa3"]),
+            "unavailable_attention_backends: Input should be a valid dictionary",
         ),
         (
             "topologies.yaml",

@@ -3,6 +3,7 @@ multi-node layout, value precedence and --explain, StrictUndefined."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -18,7 +19,9 @@ import yaml
 from deployer.errors import RenderError, UsageError
 from deployer.inventory import Inventory
 from deployer.locations import HOSTS_DIR, TEMPLATES_DIR
+from deployer.patchset.release import list_versions
 from deployer.render import load_profiles, render_plan
+from deployer.render.ddtree_rules import load_rules
 from golden_files import GOLDEN_DIR, SETS, golden_files
 
 from conftest import run_cli
@@ -26,6 +29,7 @@ from conftest import run_cli
 SHIPPED = Inventory.load(HOSTS_DIR)
 PAIRS = Inventory.load(GOLDEN_DIR / "inventory")
 OVERLAY_FLAGS = {"--speculative-dflash-tree-budget", "--speculative-dflash-tree-topk"}
+NEWEST = list_versions()[-1]
 
 
 def _render(host: str, topology: str, *sets: str, inventory: Inventory = SHIPPED):
@@ -128,8 +132,10 @@ def test_every_flag_is_a_real_sglang_0_5_23_flag_except_the_two_overlay_flags(sg
     results = sglang_parse(argvs)
     for (name, _), res in zip(scripts.items(), results, strict=True):
         assert "error" not in res, f"{name}: {res}"
-        unknown = [w for w in res["rest"] if w.startswith("--")]
-        assert set(unknown) == OVERLAY_FLAGS, f"{name}: flags SGLang 0.5.23 does not know: {unknown}"
+        unknown = {w for w in res["rest"] if w.startswith("--")}
+        # Linear DFlash scripts (tree_budget 0, e.g. attention DP) carry no overlay flag at all.
+        assert unknown in (OVERLAY_FLAGS, set()), f"{name}: flags SGLang 0.5.23 does not know: {unknown}"
+        assert unknown or "-ep" in name, f"{name}: a DDTree topology rendered without the tree flags"
     ep8 = results[list(scripts).index("b300-ep8.sh")]["args"]
     assert (ep8["tp_size"], ep8["attn_dp_size"], ep8["ep_size"], ep8["enable_dp_lm_head"]) == (8, 8, 8, True)
     assert (ep8["moe_a2a_backend"], ep8["deepep_mode"], ep8["attention_backend"]) == ("deepep", "auto", "triton")
@@ -173,8 +179,12 @@ def test_a_topology_that_does_not_fit_in_gpu_memory_states_the_estimate():
 
 def test_an_attention_backend_that_cannot_apply_the_tree_mask_is_refused():
     msg = _error("b300", "tp8", "attention_backend=flashinfer")
-    assert "attention_backend 'flashinfer' cannot apply the DDTree tree mask on sm_103" in msg
+    assert f"[b300] topology tp8: SGLang would refuse this DDTree launch (ddtree {NEWEST} rule)" in msg
+    assert "--attention-backend flashinfer does not for an MLA target (Kimi K2.x, DeepSeek) (use: triton)" in msg
+    assert "\n" not in msg
     assert _render("b300", "tp8", "attention_backend=flashinfer", "tree_budget=0")  # linear DFlash is fine
+    # An MHA target may verify with flashinfer: the rule reads model_attention.
+    assert _render("b300", "tp8", "attention_backend=flashinfer", "model_attention=mha")
     assert "attention_backend 'trtllm_mla' cannot run on sm_120" in _error(
         "rtx6000", "tp8", "attention_backend=trtllm_mla"
     )
@@ -182,6 +192,67 @@ def test_an_attention_backend_that_cannot_apply_the_tree_mask_is_refused():
     assert "draft_attention_backend 'flashmla'" in _error("b300", "tp8", "draft_attention_backend=flashmla")
     assert "needs enable_dp_lm_head=true" in _error("b300", "ep8", "enable_dp_lm_head=false")
     assert "accept_threshold_acc must be in (0, 1]" in _error("b300", "tp8", "accept_threshold_acc=0")
+
+
+# --- DDTree's own refusal rules (read from the newest release, not copied) -------------------
+
+
+def _launch_from_argv(rules, argv: list[str]):
+    """The DDTree settings a rendered script really passes to the server (Kimi: MLA)."""
+    flags = {a: b for a, b in itertools.pairwise(argv) if a.startswith("--")}
+    budget = flags.get("--speculative-dflash-tree-budget")
+    return rules.DDTreeLaunch(
+        budget=None if budget is None else int(budget),
+        topk=int(flags["--speculative-dflash-tree-topk"]) if budget else None,
+        block_size=int(flags["--speculative-dflash-block-size"]),
+        verify_backend=flags["--attention-backend"],
+        is_mla=True,
+        attn_dp_size=int(flags.get("--attn-dp-size", 1)),
+    )
+
+
+def test_every_shipped_script_is_one_the_ddtree_server_would_start():
+    """Each rendered (host, topology) of the shipped inventory and the multi-node pairs,
+    checked as argv against the released rules: none would be refused at start."""
+    _, rules = load_rules()
+    scripts = {rel: text for rel, text in golden_files().items() if rel.endswith(".sh")}
+    assert len(scripts) >= 10
+    with_tree = 0
+    for rel, script in scripts.items():
+        launch = _launch_from_argv(rules, _argv(script))
+        with_tree += launch.budget is not None
+        assert rules.ddtree_launch_refusals(launch) == [], rel
+    assert with_tree >= 5  # tp8, ep4 and tp16-2node render DDTree
+
+
+@pytest.mark.parametrize(
+    "inventory,host,topology",
+    [(SHIPPED, "b300", "ep8"), (PAIRS, "b300-a", "ep16-2node")],
+)
+def test_attention_dp_with_ddtree_is_refused_naming_the_rule_and_the_topology(inventory, host, topology):
+    hosts = [inventory.get(host)] if topology == "ep8" else [PAIRS.get("b300-a"), PAIRS.get("b300-b")]
+    with pytest.raises(RenderError) as exc:
+        render_plan(hosts, topology, ["tree_budget=64"])
+    msg = str(exc.value)
+    assert f"topology {topology}: SGLang would refuse this DDTree launch" in msg
+    assert "DDTree does not support --attn-dp-size > 1 yet" in msg
+    # The shipped topology itself serves linear DFlash (tree_budget 0), which the server takes.
+    assert render_plan(hosts, topology)
+
+
+def test_the_rules_come_from_the_newest_release():
+    version, rules = load_rules()
+    assert version == list_versions()[-1]
+    source = Path(rules.__file__).name
+    assert source == "ddtree_rules.py" and hasattr(rules, "ddtree_launch_refusals")
+
+
+def test_render_and_launch_refuse_before_touching_a_host(tmp_path):
+    result = run_cli("render", "--host", "b300", "--topology", "ep8", "--set", "tree_budget=64")
+    assert result.code == 9, result
+    assert result.stderr.count("\n") == 1 and "--attn-dp-size > 1 yet" in result.stderr
+    result = run_cli("launch", "--host", "b300", "--topology", "ep8", "--set", "tree_budget=64")
+    assert result.code == 9 and "--attn-dp-size > 1 yet" in result.stderr, result
 
 
 def test_unknown_topology_lists_the_valid_ones():

@@ -25,7 +25,6 @@ class HardwareProfile:
     description: str
     arch: str
     interconnect: str
-    tree_mask_backends: tuple[str, ...]
     unavailable_attention_backends: dict[str, str] = field(default_factory=dict)
     unavailable_a2a_backends: dict[str, str] = field(default_factory=dict)
     values: dict[str, Any] = field(default_factory=dict)
@@ -66,7 +65,6 @@ def _hardware(name: str, doc: HardwareProfileDoc) -> HardwareProfile:
         description=doc.description,
         arch=doc.match.arch,
         interconnect=doc.match.interconnect,
-        tree_mask_backends=tuple(doc.tree_mask_backends),
         unavailable_attention_backends=dict(doc.unavailable_attention_backends),
         unavailable_a2a_backends=dict(doc.unavailable_a2a_backends),
         values=dict(doc.values),

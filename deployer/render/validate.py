@@ -6,6 +6,7 @@ from typing import Any
 
 from ..errors import RenderError
 from ..inventory import Host
+from .ddtree_rules import check_ddtree
 from .profiles import HardwareProfile, Topology
 
 GIB = 1024**3 / 1e9  # GB per GiB
@@ -28,6 +29,7 @@ SHARED_KEYS = (
     "attention_backend",
     "speculative_algorithm",
 )
+MODEL_ATTENTION = ("mla", "mha")
 DRAFT_ATTENTION_BACKENDS = ("flashinfer", "fa3", "fa4", "triton", "trtllm_mha")  # SGLang 0.5.23 choices.py
 
 
@@ -111,13 +113,7 @@ def check_backends(host: Host, hw: HardwareProfile, v: dict[str, Any]) -> None:
     if attn in hw.unavailable_attention_backends:
         raise RenderError(
             f"[{host.name}] attention_backend '{attn}' cannot run on {host.gpu.arch}: "
-            f"{hw.unavailable_attention_backends[attn]}; use one of {', '.join(hw.tree_mask_backends)}"
-        )
-    if v["tree_budget"] > 0 and attn not in hw.tree_mask_backends:
-        raise RenderError(
-            f"[{host.name}] attention_backend '{attn}' cannot apply the DDTree tree mask on "
-            f"{host.gpu.arch} (MLA verify needs one of: {', '.join(hw.tree_mask_backends)}); "
-            "set attention_backend=triton, or tree_budget=0 for linear DFlash"
+            f"{hw.unavailable_attention_backends[attn]}; pick another attention_backend (triton runs everywhere)"
         )
     if v["draft_attention_backend"] not in DRAFT_ATTENTION_BACKENDS:
         raise RenderError(
@@ -158,4 +154,15 @@ def check_host(host: Host, topology: Topology, hw: HardwareProfile, v: dict[str,
     check_gpu_counts(host, v)
     check_backends(host, hw, v)
     check_speculative(v)
+    check_model_attention(v)
+    # What the DDTree server itself refuses: the overlay's rules, after the tool's own checks.
+    check_ddtree(host.name, topology.name, v)
     check_memory(host, topology, v)
+
+
+def check_model_attention(v: dict[str, Any]) -> None:
+    if v["model_attention"] not in MODEL_ATTENTION:
+        raise RenderError(
+            f"model_attention must be one of {', '.join(MODEL_ATTENTION)} (got {v['model_attention']!r}): "
+            "mla for Kimi K2.x / DeepSeek-V3 targets, mha otherwise"
+        )

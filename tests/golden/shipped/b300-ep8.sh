@@ -31,6 +31,4 @@ exec /opt/sglang/.venv/bin/python -m sglang.launch_server \
   --speculative-draft-attention-backend flashinfer \
   --speculative-accept-threshold-single 1.0 \
   --speculative-accept-threshold-acc 1.0 \
-  --speculative-dflash-tree-budget 128 \
-  --speculative-dflash-tree-topk 8 \
   "$@"
