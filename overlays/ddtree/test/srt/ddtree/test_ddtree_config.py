@@ -87,19 +87,26 @@ def test_verify_backend_is_refused_at_argument_resolution(backend, is_mla, refus
     target (Kimi) verifies with triton only, before any weight loads."""
     cfg = _cfg()
     if not refused:
-        assert resolve_ddtree_server_args(cfg, backend, is_mla)
+        assert resolve_ddtree_server_args(cfg, verify_backend=backend, is_mla=is_mla)
         return
     with pytest.raises(ValueError, match=f"--attention-backend {backend} does not"):
-        resolve_ddtree_server_args(cfg, backend, is_mla)
+        resolve_ddtree_server_args(cfg, verify_backend=backend, is_mla=is_mla)
 
 
 def test_all_refusals_are_reported_together():
-    cfg = _cfg(attn_dp_size=8, speculative_use_block_verification=True)
+    cfg = _cfg(
+        attn_dp_size=8,
+        speculative_use_block_verification=True,
+        speculative_dflash_tree_topk=65,
+    )
     with pytest.raises(ValueError) as info:
-        resolve_ddtree_server_args(cfg, "trtllm_mla", True)
+        resolve_ddtree_server_args(
+            cfg, verify_backend="trtllm_mla", is_mla=True, vocab_size=64
+        )
     text = str(info.value)
     assert "block-verification" in text and "--attn-dp-size" in text
     assert "--attention-backend trtllm_mla" in text
+    assert "tree-topk 65 exceeds the target vocabulary size 64" in text
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ while another request on the same server is served.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import urllib.error
 import urllib.request
@@ -65,6 +66,27 @@ def test_refused_configuration_fails_at_start_up_with_its_message(
         cpu_sglang_python, tiny_models.target, _ddtree(tiny_models, *extra), log
     )
     assert message in tail, tail
+    # Refused while the arguments resolve: no weight was loaded.
+    assert "Load weight" not in log.read_text()
+
+
+def test_a_draft_with_a_head_of_its_own_is_refused_before_loading(
+    cpu_sglang_python, tiny_models, server_log_dir, tmp_path
+):
+    """The draft's head is known from its config at argument resolution."""
+    draft = tmp_path / "lilicorr-draft"
+    shutil.copytree(tiny_models.draft, draft)
+    config = json.loads((draft / "config.json").read_text())
+    config["architectures"] = ["LiLiCorrDraftModel"]
+    (draft / "config.json").write_text(json.dumps(config))
+    args = dflash_args(draft, budget=8)
+    log = server_log_dir / "refused-lilicorr-draft.log"
+    tail = start_expect_failure(cpu_sglang_python, tiny_models.target, args, log)
+    assert (
+        "needs a plain DFlash draft (a per-position token head); this draft uses "
+        "a LiLiCorr head" in tail
+    ), tail
+    assert "Load weight" not in log.read_text()
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from sglang.srt.speculative import ddtree_rules
 from sglang.srt.speculative.ddtree_rules import (
     DDTreeLaunch,
     ddtree_launch_refusals,
+    draft_head_kind,
     verify_backend_class_refusal,
 )
 
@@ -60,6 +62,39 @@ def test_mha_targets_may_verify_with_flashinfer_mla_targets_may_not():
     mla = DDTreeLaunch(budget=8, verify_backend="flashinfer", is_mla=True)
     assert ddtree_launch_refusals(mha) == []
     assert "MLA target" in ddtree_launch_refusals(mla)[0]
+
+
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        (
+            {"topk": 65, "vocab_size": 64},
+            "tree-topk 65 exceeds the target vocabulary size 64",
+        ),
+        ({"hybrid_target": True}, "does not support hybrid/Mamba targets"),
+        ({"draft_head": "LiLiCorr"}, "this draft uses a LiLiCorr head"),
+    ],
+)
+def test_model_facts_known_at_argument_resolution_are_refused(fields, message):
+    launch = DDTreeLaunch(budget=64, topk=8, vocab_size=64, hybrid_target=False,
+                          draft_head="dflash", verify_backend="triton", is_mla=True)
+    assert ddtree_launch_refusals(launch) == []
+    reasons = ddtree_launch_refusals(replace(launch, **fields))
+    assert len(reasons) == 1 and message in reasons[0], reasons
+
+
+@pytest.mark.parametrize(
+    "architecture,projector,kind",
+    [
+        ("DFlashDraftModel", None, "dflash"),
+        ("DFlashDraftModel", "domino", "Domino"),
+        ("DFlash2DraftModel", None, "candidate-selector"),
+        ("LiLiCorrDraftModel", None, "LiLiCorr"),
+        (None, None, "dflash"),
+    ],
+)
+def test_draft_head_kind_from_the_draft_config(architecture, projector, kind):
+    assert draft_head_kind(architecture, projector) == kind
 
 
 def test_class_rule_matches_the_flag_rule():

@@ -286,3 +286,22 @@ def test_sampling_negative_control_threshold_acc_below_one_is_detected():
     counts, exact = _two_token_counts(_dense(0.3), trials=40000, seed=3)
     assert _chi_square_p(counts, exact) < 1e-6
     assert math.isfinite(float(counts.sum()))
+
+
+@pytest.mark.parametrize(
+    "width,vocab,rows",
+    [
+        (17, 8, (2**26 // (17 * 8)) * 17),
+        (65, 163_840, 6 * 65),
+        (129, 163_840, 3 * 129),
+        (1025, 163_840, 1025),
+    ],
+)
+def test_memory_light_chunks_are_whole_requests_of_bounded_size(width, vocab, rows):
+    """At Kimi's vocabulary a chunk holds a few requests (at least one), so the
+    light path's transient stays near 2^26 elements, not 4,096 rows' worth."""
+    from sglang.srt.speculative.ddtree_worker import light_chunk_rows
+
+    got = light_chunk_rows(width, vocab)
+    assert got == rows and got % width == 0
+    assert got * vocab <= max(2**26, width * vocab)

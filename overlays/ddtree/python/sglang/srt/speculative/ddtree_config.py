@@ -24,8 +24,12 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from sglang.srt.speculative.ddtree_rules import (
+    HYBRID_REFUSAL,
     DDTreeLaunch,
     ddtree_launch_refusals,
+    draft_head_kind,
+    draft_head_refusal,
+    topk_refusal,
     verify_backend_class_refusal,
 )
 from sglang.srt.speculative.ddtree_utils import resolve_tree_topk
@@ -36,29 +40,26 @@ def ddtree_verify_width(budget: int, block_size: int) -> int:
     return max(int(budget) + 1, int(block_size))
 
 
-def resolve_ddtree_server_args(
-    cfg: Any, verify_backend: Optional[str] = None, is_mla: Optional[bool] = None
-) -> dict[str, int]:
+def resolve_ddtree_server_args(cfg: Any, **model: Any) -> dict[str, int]:
     """Field declarations for a DDTree server, or ValueError with every refusal.
 
     ``cfg`` is the resolving server-args view after DFlash resolved its block
     size into ``speculative_num_draft_tokens`` (the hook runs after the
-    attention backends are resolved). ``verify_backend`` is the
-    --attention-backend value that runs TARGET_VERIFY and ``is_mla`` whether
-    the target is MLA; both come from the hook, which knows the model config.
-    Returns the draft block size (``speculative_dflash_block_size``) and the
-    verify width (``speculative_num_draft_tokens``).
+    attention backends are resolved). ``model``: what the hook knows from the
+    model configs, as ``DDTreeLaunch`` fields (``verify_backend``, ``is_mla``,
+    ``vocab_size``, ``hybrid_target``, ``draft_head``). Returns the draft block
+    size (``speculative_dflash_block_size``) and the verify width
+    (``speculative_num_draft_tokens``).
     """
     budget = cfg.speculative_dflash_tree_budget
     launch = DDTreeLaunch(
         budget=budget,
         topk=cfg.speculative_dflash_tree_topk,
         block_size=int(cfg.speculative_num_draft_tokens),
-        verify_backend=verify_backend,
-        is_mla=is_mla,
         attn_dp_size=int(cfg.attn_dp_size or 1),
         pp_size=int(cfg.pp_size or 1),
         block_verification=bool(cfg.speculative_use_block_verification),
+        **model,
     )
     reasons = ddtree_launch_refusals(launch)
     if reasons:
@@ -70,6 +71,46 @@ def resolve_ddtree_server_args(
         "speculative_dflash_block_size": block_size,
         "speculative_num_draft_tokens": ddtree_verify_width(budget, block_size),
     }
+
+
+def ddtree_model_facts(server_args: Any, cfg: Any) -> dict[str, Any]:
+    """What the refusals need from the target's and the draft's configs.
+
+    Read at argument resolution (the target's ModelConfig is the one SGLang's
+    own hooks memoize; the draft's config as ``_handle_dflash`` reads it for
+    the block size), so a launch DDTree cannot serve fails before any weight
+    loads. The keys are ``DDTreeLaunch`` fields.
+    """
+    from sglang.srt.arg_groups.model_override_base import model_config_of
+    from sglang.srt.configs.hybrid_arch import mambaish_config
+    from sglang.srt.configs.model_config import AttentionArch
+
+    model_config = model_config_of(server_args)
+    return {
+        "verify_backend": ddtree_verify_backend(cfg),
+        "is_mla": model_config.attention_arch == AttentionArch.MLA,
+        "vocab_size": int(model_config.vocab_size),
+        "hybrid_target": mambaish_config(model_config) is not None,
+        "draft_head": _draft_head(cfg),
+    }
+
+
+def _draft_head(cfg: Any) -> str:
+    """The draft checkpoint's head kind (``ddtree_rules.draft_head_kind``)."""
+    import json
+
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+    from sglang.srt.utils.hf_transformers_utils import get_config
+
+    draft = get_config(
+        cfg.speculative_draft_model_path,
+        trust_remote_code=cfg.trust_remote_code,
+        revision=cfg.speculative_draft_model_revision,
+        model_override_args=json.loads(cfg.json_model_override_args),
+    )
+    architecture = (getattr(draft, "architectures", None) or [None])[0]
+    projector = parse_dflash_draft_config(draft_hf_config=draft).projector_type
+    return draft_head_kind(architecture, projector)
 
 
 def ddtree_verify_backend(cfg: Any) -> Optional[str]:
@@ -116,11 +157,8 @@ class DDTreeConfig:
         if budget is None:
             return None
         topk = spec.speculative_dflash_tree_topk
-        if topk is not None and int(topk) > int(vocab_size):
-            raise ValueError(
-                f"--speculative-dflash-tree-topk {topk} exceeds the target "
-                f"vocabulary size {vocab_size}."
-            )
+        if topk is not None and topk_refusal(topk, vocab_size):
+            raise ValueError(topk_refusal(topk, vocab_size))
         block_size = int(spec.speculative_dflash_block_size)
         return cls(
             budget=int(budget),
@@ -149,15 +187,9 @@ def check_ddtree_worker(
     draft_kind: "dflash" for a plain DFlash draft, else its head's name.
     """
     if is_hybrid:
-        raise ValueError(
-            "DDTree does not support hybrid/Mamba targets: their state commit "
-            "after verify assumes a linear chain."
-        )
+        raise ValueError(HYBRID_REFUSAL)
     if draft_kind != "dflash":
-        raise ValueError(
-            f"DDTree needs a plain DFlash draft (a per-position token head); "
-            f"this draft uses a {draft_kind} head."
-        )
+        raise ValueError(draft_head_refusal(draft_kind))
     if not dense_lm_head:
         raise ValueError(
             "DDTree needs a dense (unquantized) target lm_head without added "

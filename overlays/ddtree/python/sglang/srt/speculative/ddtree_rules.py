@@ -23,6 +23,14 @@ DDTREE_MASK_BACKENDS = {
 }
 # For MLA targets (Kimi K2.x, DeepSeek-V3) only the triton backend does.
 DDTREE_MLA_MASK_BACKENDS = {"triton": "TritonAttnBackend"}
+# Draft architectures whose proposals come from a head of their own, not the
+# per-position token logits DDTree's top-K head reads.
+DRAFT_HEADS = {
+    "DFlash2DraftModel": "candidate-selector",
+    "DFlash2BeamDraftModel": "candidate-selector",
+    "MiniMaxDFlash2DraftModel": "candidate-selector",
+    "LiLiCorrDraftModel": "LiLiCorr",
+}
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,10 @@ class DDTreeLaunch:
     attn_dp_size:      --attn-dp-size
     pp_size:           --pp-size
     block_verification: --speculative-use-block-verification
+    vocab_size:        the target's vocabulary size
+    hybrid_target:     whether the target is hybrid/Mamba (a recurrent state)
+    draft_head:        "dflash" for a plain DFlash draft, else its head's name
+                       (``draft_head_kind``)
     """
 
     budget: Optional[int]
@@ -47,6 +59,9 @@ class DDTreeLaunch:
     attn_dp_size: int = 1
     pp_size: int = 1
     block_verification: bool = False
+    vocab_size: Optional[int] = None
+    hybrid_target: Optional[bool] = None
+    draft_head: Optional[str] = None
 
 
 def ddtree_launch_refusals(launch: DDTreeLaunch) -> List[str]:
@@ -61,6 +76,8 @@ def ddtree_launch_refusals(launch: DDTreeLaunch) -> List[str]:
     reasons = _positive("--speculative-dflash-tree-budget", launch.budget)
     if launch.topk is not None:
         reasons += _positive("--speculative-dflash-tree-topk", launch.topk)
+        topk = topk_refusal(launch.topk, launch.vocab_size)
+        reasons += [topk] if topk else []
     if launch.block_verification:
         reasons.append(
             "DDTree does not support --speculative-use-block-verification (it "
@@ -81,8 +98,43 @@ def ddtree_launch_refusals(launch: DDTreeLaunch) -> List[str]:
             "DDTree (DFLASH) only supports --pp-size 1 "
             f"(got {launch.pp_size})."
         )
+    if launch.hybrid_target:
+        reasons.append(HYBRID_REFUSAL)
+    if launch.draft_head not in (None, "dflash"):
+        reasons.append(draft_head_refusal(launch.draft_head))
     backend = verify_backend_refusal(launch.verify_backend, launch.is_mla)
     return reasons + ([backend] if backend else [])
+
+
+HYBRID_REFUSAL = (
+    "DDTree does not support hybrid/Mamba targets: their state commit after "
+    "verify assumes a linear chain."
+)
+
+
+def topk_refusal(topk: int, vocab_size: Optional[int]) -> Optional[str]:
+    """Why top-K cannot exceed the target vocabulary (None: fine or unknown)."""
+    if vocab_size is None or int(topk) <= int(vocab_size):
+        return None
+    return (
+        f"--speculative-dflash-tree-topk {topk} exceeds the target vocabulary "
+        f"size {vocab_size}."
+    )
+
+
+def draft_head_refusal(kind: str) -> str:
+    return (
+        f"DDTree needs a plain DFlash draft (a per-position token head); this "
+        f"draft uses a {kind} head."
+    )
+
+
+def draft_head_kind(architecture: Optional[str], projector_type: Optional[str]) -> str:
+    """A draft checkpoint's head, from its config's architecture and DFlash
+    ``projector_type``: "dflash", "Domino", "candidate-selector" or "LiLiCorr"."""
+    if projector_type == "domino":
+        return "Domino"
+    return DRAFT_HEADS.get(architecture or "", "dflash")
 
 
 def verify_backend_refusal(

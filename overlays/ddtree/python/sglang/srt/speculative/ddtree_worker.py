@@ -47,8 +47,11 @@ from sglang.srt.speculative.ddtree_step import (
 
 logger = logging.getLogger(__name__)
 
-# Verify rows per chunk on the memory-light sampling path (whole requests).
-DDTREE_ROWS_PER_CHUNK = 1 << 12
+# Target-probability elements per chunk on the memory-light sampling path
+# (whole requests, at least one): its transient (probabilities, their
+# renormalisation, the exponential race) stays near 3 x 256 MiB whatever the
+# vocabulary. Rows, not elements, made it 7.5 GiB at Kimi's 163,840 tokens.
+DDTREE_LIGHT_CHUNK_ELEMENTS = 1 << 26
 
 
 class DDTreeVerifier:
@@ -242,7 +245,7 @@ class DDTreeVerifier:
             return _sync_accept(tp_sync, accept)
         self._log_path_once("one target sample per slot, then the greedy walk")
         samples = torch.empty((bs * width,), dtype=torch.int64, device=logits.device)
-        rows = max(1, DDTREE_ROWS_PER_CHUNK // width) * width
+        rows = light_chunk_rows(width, vocab)
         for start in range(0, bs * width, rows):
             chunk = slice(start, min(start + rows, bs * width))
             probs = build_speculative_verify_target_probs(
@@ -295,6 +298,11 @@ class DDTreeVerifier:
         compact = compact_hidden(hidden, accept, self.config.block_size)
         self._step = self._accept = None
         return compact.reshape(-1, hidden.shape[-1])
+
+
+def light_chunk_rows(width: int, vocab: int) -> int:
+    """Verify rows per memory-light chunk: whole requests of ``width`` rows."""
+    return max(1, DDTREE_LIGHT_CHUNK_ELEMENTS // (width * vocab)) * width
 
 
 class _RowsView:
