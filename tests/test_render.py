@@ -430,3 +430,45 @@ def test_a_topology_name_that_is_not_a_plain_file_name_is_refused(tmp_path):
         f.write("\n../evil:\n  values: {tp_size: 8}\n")
     with pytest.raises(RenderError, match=r"topology name '../evil' must be letters"):
         load_profiles(tmp_path / "templates")
+
+
+# --- DDTree's verify memory, before launch --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "host,width,total_gib,headroom_gib",
+    [("rtx6000", 65, 3.38, 11.52), ("b300", 129, 6.00, 43.20)],
+)
+def test_tree_memory_estimate_of_the_shipped_profiles(host, width, total_gib, headroom_gib):
+    (unit,) = _render(host, "tp8")
+    m = unit.memory
+    assert m.width == width and m.fits
+    # verify logits: 48 requests x W x 163,840 x 4 B; mask: 48 x W x (262,144 + W) B.
+    logits, mask, sampling = (t.bytes for t in m.terms)
+    assert logits == 48 * width * 163_840 * 4 and mask == 48 * width * (262_144 + width)
+    assert sampling == (2**26 // (width * 163_840)) * width * 163_840 * 4 * 3  # memory-light
+    assert round(m.total / 2**30, 2) == total_gib and round(m.headroom / 2**30, 2) == headroom_gib
+
+
+def test_a_tree_that_does_not_fit_is_refused_naming_the_dominant_term():
+    msg = _error("rtx6000", "tp8", "tree_budget=512")
+    assert "DDTree's verify buffers need ~21.99 GiB per GPU (the verify logits, 15.03 GiB, dominates)" in msg
+    assert "half of the 11.52 GiB SGLang leaves outside mem_fraction_static 0.88" in msg
+    assert msg.endswith("lower max_running_requests or tree_budget, or mem_fraction_static")
+    # The same budget fits with fewer concurrent requests, and on a B300.
+    assert _render("rtx6000", "tp8", "tree_budget=512", "max_running_requests=8")
+    assert _render("b300", "tp8", "tree_budget=384")
+
+
+def test_a_long_context_makes_the_mask_dominate():
+    msg = _error("rtx6000", "tp8", "model_context_length=2000000")
+    assert "(the tree mask, " in msg
+
+
+def test_explain_prints_the_memory_estimate_beside_the_headroom():
+    result = run_cli("render", "--host", "b300", "--topology", "tp8", "--explain")
+    assert result.code == 0, result
+    lines = [ln.split() for ln in result.stdout.splitlines()]
+    assert ["b300-tp8", "verify", "logits", "3.78", "GiB", "9%"] in lines
+    assert ["b300-tp8", "total", "(W", "=", "129)", "6.00", "GiB", "14%"] in lines
+    assert any(ln[:3] == ["b300-tp8", "headroom", "(1"] and "43.20" in ln for ln in lines)

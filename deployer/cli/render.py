@@ -59,6 +59,10 @@ def render(app: AppContext, hosts, group, topology, sets, out_dir, explain, rend
         units = rd.render_hosts(_hosts(app, hosts, group), topology, sets)
     if explain:
         click.echo(table(rd.explain_rows(units), ["unit", "key", "value", "source"]))
+        memory = rd.memory_rows(units)
+        if memory:
+            click.echo()
+            click.echo(table(memory, ["unit", "DDTree verify memory per GPU", "estimate", "of headroom"]))
     elif out_dir:
         for path in rd.write_units(units, Path(out_dir)):
             say(f"wrote {path}")

@@ -17,6 +17,7 @@ from ..inventory import Host, Inventory
 from . import validate
 from .jinja import ENV_TEMPLATE, SCRIPT_TEMPLATE, environment, render_template
 from .profiles import HardwareProfile, Profiles, Topology, load_profiles
+from .tree_memory import TreeMemory, gib, tree_memory
 from .values import Value, host_facts, parse_sets, plain, resolve
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "render_all",
     "write_units",
     "explain_rows",
+    "memory_rows",
     "load_profiles",
     "parse_sets",
     "Value",
@@ -45,6 +47,7 @@ class RenderedUnit:
     script: str
     env: str
     values: tuple[Value, ...]
+    memory: TreeMemory | None = None  # DDTree's verify buffers per GPU (None: off or no GPU size)
 
     @property
     def script_file(self) -> str:
@@ -141,6 +144,7 @@ def _render_units(
                     render_template(env, SCRIPT_TEMPLATE, ctx),
                     render_template(env, ENV_TEMPLATE, ctx),
                     tuple(all_values[k] for k in sorted(all_values)),
+                    _memory(host, v),
                 )
             )
     return units
@@ -166,6 +170,22 @@ def launch_dir_for(host: Host, sets: list[str] | tuple[str, ...] = ()) -> str:
     """Where launch scripts, logs and the launch record live on the host (no topology needed)."""
     pairs = dict(parse_sets(sets))
     return str(pairs.get("launch_dir") or host.vars.get("launch_dir") or host_facts(host)["launch_dir"])
+
+
+def _memory(host: Host, v: dict[str, Any]) -> TreeMemory | None:
+    return None if host.gpu.memory_gib is None else tree_memory(v, host.gpu.memory_gib)
+
+
+def memory_rows(units: list[RenderedUnit]) -> list[list[str]]:
+    """unit, term, per-GPU estimate, share of SGLang's headroom (what `--explain` adds)."""
+    rows = []
+    for unit in (u for u in units if u.memory is not None):
+        m = unit.memory
+        for term in m.terms:
+            rows.append([unit.name, term.name, gib(term.bytes), f"{term.bytes / m.headroom:.0%}"])
+        rows.append([unit.name, f"total (W = {m.width})", gib(m.total), f"{m.total / m.headroom:.0%}"])
+        rows.append([unit.name, "headroom (1 - mem_fraction_static)", gib(m.headroom), "tree may use 50%"])
+    return rows
 
 
 def explain_rows(units: list[RenderedUnit]) -> list[list[str]]:

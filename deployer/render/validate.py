@@ -8,6 +8,7 @@ from ..errors import RenderError
 from ..inventory import Host
 from .ddtree_rules import check_ddtree
 from .profiles import HardwareProfile, Topology
+from .tree_memory import gib, tree_memory
 
 GIB = 1024**3 / 1e9  # GB per GiB
 # Must be the same on every node of a multi-node deployment.
@@ -158,6 +159,21 @@ def check_host(host: Host, topology: Topology, hw: HardwareProfile, v: dict[str,
     # What the DDTree server itself refuses: the overlay's rules, after the tool's own checks.
     check_ddtree(host.name, topology.name, v)
     check_memory(host, topology, v)
+    check_tree_memory(host, topology, v)
+
+
+def check_tree_memory(host: Host, topology: Topology, v: dict[str, Any]) -> None:
+    """DDTree's verify buffers must fit in the part of the headroom the tree may take."""
+    m = None if host.gpu.memory_gib is None else tree_memory(v, host.gpu.memory_gib)
+    if m is None or m.fits:
+        return
+    top = m.dominant
+    raise RenderError(
+        f"[{host.name}] topology {topology.name}: DDTree's verify buffers need ~{gib(m.total)} per GPU "
+        f"(the {top.name}, {gib(top.bytes)}, dominates) but may use {gib(m.budget)}, half of the "
+        f"{gib(m.headroom)} SGLang leaves outside mem_fraction_static {v['mem_fraction_static']:g}; "
+        f"lower {top.knob}, or mem_fraction_static"
+    )
 
 
 def check_model_attention(v: dict[str, Any]) -> None:
