@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.srt.speculative.ddtree_topk import ddtree_shard_topk, merge_ddtree_topk
+from sglang.srt.speculative.ddtree_topk import (
+    ddtree_shard_topk,
+    merge_ddtree_topk,
+    topk_lower_id_first,
+)
 
 
 def _reference(full_logits: torch.Tensor, k: int):
@@ -140,3 +144,20 @@ def test_bf16_shards_are_merged_in_float32() -> None:
 def test_topk_rejects_bad_inputs(call, match) -> None:
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("k", [1, 3, 8, 64])
+@pytest.mark.parametrize("ties", ["none", "some", "all"])
+def test_topk_lower_id_first_equals_the_stable_sort(k: int, ties: str) -> None:
+    """torch.topk plus the tie rule picks what the stable sort picked, in its order,
+    also when the k-th value is tied across the cut (the case torch.topk alone
+    leaves unspecified)."""
+    gen = torch.Generator().manual_seed(k)
+    values = torch.randn(30, 200, generator=gen)
+    if ties == "some":
+        values = torch.round(values * 2) / 2  # a handful of distinct values
+    elif ties == "all":
+        values = torch.zeros(30, 200)
+    want = torch.sort(values, dim=1, descending=True, stable=True).indices[:, :k]
+    got = topk_lower_id_first(values, k)
+    assert got.dtype == torch.int64 and torch.equal(got, want)

@@ -35,14 +35,35 @@ def _sort_desc_lower_id_first(values: torch.Tensor, ids: torch.Tensor) -> torch.
     return by_id.gather(1, by_value)
 
 
+def topk_lower_id_first(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices int64 [T, k] of the k largest values per row of values float [T, V],
+    by (value desc, index asc): what a stable descending sort's first k columns are.
+
+    torch.topk picks the k-th value; of the entries equal to it only the lowest
+    indices that complete k are kept (a cumulative count), then the k winners
+    are ordered. O(V) elementwise work instead of a full-row sort.
+    """
+    if k == 0:
+        return torch.empty(
+            (values.shape[0], 0), dtype=torch.int64, device=values.device
+        )
+    kth = torch.topk(values, k, dim=1).values[:, -1:]
+    above = values > kth
+    at = values == kth
+    need = k - above.sum(dim=1, keepdim=True, dtype=torch.int32)
+    keep = above | (at & (at.cumsum(dim=1, dtype=torch.int32) <= need))
+    index = torch.topk(keep.to(torch.uint8), k, dim=1).indices  # exactly k kept
+    return index.gather(1, _sort_desc_lower_id_first(values.gather(1, index), index))
+
+
 def ddtree_shard_topk(
     shard_logits: torch.Tensor, k: int, vocab_start: int, real_rows: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A shard's triple: top_logits float32 [T, k], global ids int64 [T, k], lse [T].
 
     shard_logits: float [T, V_shard] (V_shard >= real_rows; rows past real_rows are
-    padding). Ties inside the shard go to the lower id (a stable sort), so the merge is
-    deterministic.
+    padding). Ties inside the shard go to the lower id (``topk_lower_id_first``), so
+    the merge is deterministic.
     """
     if shard_logits.dim() != 2:
         raise ValueError(
@@ -63,7 +84,7 @@ def ddtree_shard_topk(
         if real_rows > 0
         else torch.full((rows,), float("-inf"), device=real.device)
     )
-    order = torch.sort(real, dim=1, descending=True, stable=True).indices[:, :k]
+    order = topk_lower_id_first(real, min(k, real_rows))
     top = real.gather(1, order)
     ids = order.to(torch.int64) + vocab_start
     if top.shape[1] < k:  # a shard with fewer than k real rows

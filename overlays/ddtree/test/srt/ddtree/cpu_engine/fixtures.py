@@ -91,7 +91,7 @@ def _hunks_in_order(overlay: Path) -> list[Path]:
 def build_overlay_source(overlay: Path, dest: Path) -> Path:
     """The base with ``overlay``'s files and hunks, at ``dest``; returns
     ``dest/python``. Hunks apply strictly (``git apply``, no fuzz)."""
-    base = base_dir()
+    base, overlay = base_dir(), Path(overlay).resolve()  # hunks apply from dest
     shutil.copytree(base / "python", dest / "python",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     src = overlay / "python"

@@ -11,7 +11,8 @@
 //   verify (optional): prefix_lens / mask_offsets [bs] int64, positions [bs * N] int64,
 //         retrieve_index / retrieve_next_token / retrieve_next_sibling [bs, N] int64,
 //         tree_mask 1-byte elements, FULL_MASK: request b's N x (prefix_len + N) rows start at
-//         mask_offsets[b]. Pass an empty tree_mask to skip the verify outputs.
+//         mask_offsets[b]. Pass an empty tree_mask to skip the verify outputs. A request whose
+//         block would end past tree_mask.numel() traps (the launch fails) instead of writing.
 
 #pragma once
 
@@ -57,6 +58,7 @@ __global__ void __launch_bounds__(kThreads) build_ddtree_kernel(
     int64_t* __restrict__ retrieve_next_token,
     int64_t* __restrict__ retrieve_next_sibling,
     bool* __restrict__ tree_mask,
+    int64_t mask_capacity,
     int L,
     int K,
     int budget) {
@@ -95,8 +97,13 @@ __global__ void __launch_bounds__(kThreads) build_ddtree_kernel(
     write_verify_slot(nodes, i, count, N, b, prefix_len, positions + row, retrieve_index + row);
   }
   // FULL_MASK: every row sees the whole prefix; its tree columns follow the prefix.
-  bool* mask = tree_mask + mask_offsets[b];
   const int64_t stride = prefix_len + N;
+  if (mask_offsets[b] + N * stride > mask_capacity) {
+    // The host's mask bound was below sum_b N * (prefix_b + N): writing would run past the
+    // buffer. Abort the launch (an error at the next sync) rather than corrupt memory.
+    __trap();
+  }
+  bool* mask = tree_mask + mask_offsets[b];
   for (int64_t idx = threadIdx.x; idx < prefix_len * N; idx += blockDim.x) {
     mask[(idx / prefix_len) * stride + idx % prefix_len] = true;
   }
@@ -180,6 +187,7 @@ inline void build_ddtree(
       ptr(retrieve_next_token),
       ptr(retrieve_next_sibling),
       with_verify ? static_cast<bool*>(tree_mask.data_ptr()) : nullptr,
+      static_cast<int64_t>(tree_mask.numel()),
       static_cast<int>(depth.unwrap()),
       static_cast<int>(topk.unwrap()),
       static_cast<int>(budget));
