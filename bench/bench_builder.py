@@ -14,13 +14,12 @@ batched builder is faster) and the deepest node of the batch's trees.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 import types
 from pathlib import Path
 
 import torch
+from timing import median_pair
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERLAY_PYTHON = ROOT / "overlays" / "ddtree" / "python"
@@ -44,19 +43,6 @@ def _draft(bs: int, depth: int, k: int, seed: int, scale: float = 2.5):
     logits = torch.randn(bs, depth, 4096, generator=gen) * scale
     top = torch.topk(torch.log_softmax(logits, dim=-1), k, dim=-1)  # sorted descending
     return top.values, top.indices
-
-
-def _median_pair(fa, fb, repeats: int) -> tuple[float, float]:
-    """Median times of fa and fb, run alternately: on a shared machine both see the same
-    load, so their ratio is steadier than either time."""
-    fa(), fb()  # warm-up (allocator, lru caches)
-    ta, tb = [], []
-    for _ in range(repeats):
-        for fn, times in ((fa, ta), (fb, tb)):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    return statistics.median(ta), statistics.median(tb)
 
 
 def main() -> None:
@@ -105,7 +91,7 @@ def _table(heap_build, batched_build, depth: int, scale: float, repeats: int) ->
             def batched() -> None:
                 batched_build(lp, ids, budget, validate=False)
 
-            t_heap, t_batched = _median_pair(heap, batched, repeats)
+            t_heap, t_batched = median_pair(heap, batched, repeats)
             deepest = int(batched_build(lp, ids, budget, validate=False).depths.max())
             times = f"{t_heap * 1e3:>14.2f} {t_batched * 1e3:>17.2f}"
             ratio = f"{t_heap / t_batched:>12.2f}x"

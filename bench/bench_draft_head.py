@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
-import time
 from pathlib import Path
 
 import torch
+from timing import median_pair
 
 TOPK_FILE = Path(__file__).resolve().parents[1] / ("overlays/ddtree/python/sglang/srt/speculative/ddtree_topk.py")
 SHAPES = [  # (bs, shard vocabulary)
@@ -43,18 +42,6 @@ def sort_topk(values: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(values, dim=1, descending=True, stable=True).indices[:, :k]
 
 
-def _median_pair(fa, fb, repeats: int) -> tuple[float, float]:
-    """Median times of fa and fb, run alternately so both see the same machine load."""
-    fa(), fb()
-    ta, tb = [], []
-    for _ in range(repeats):
-        for fn, times in ((fa, ta), (fb, tb)):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    return statistics.median(ta), statistics.median(tb)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -67,7 +54,7 @@ def main() -> None:
         rows = bs * DEPTHS
         values = torch.round(torch.randn(rows, vocab, generator=gen) * 8) / 8  # ties
         assert torch.equal(sort_topk(values, K), topk_lower_id_first(values, K))
-        t_sort, t_topk = _median_pair(
+        t_sort, t_topk = median_pair(
             lambda v=values: sort_topk(v, K),
             lambda v=values: topk_lower_id_first(v, K),
             args.repeats,

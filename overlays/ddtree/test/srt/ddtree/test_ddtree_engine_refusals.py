@@ -56,18 +56,23 @@ REFUSED = {
 }
 
 
+def _refused_before_loading(python_dir, target, args, log) -> str:
+    """The server's log tail; it must have exited while the arguments resolved,
+    before any weight loaded."""
+    tail = start_expect_failure(python_dir, target, args, log)
+    assert "Load weight" not in log.read_text(), tail
+    return tail
+
+
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_refused_configuration_fails_at_start_up_with_its_message(
     cpu_sglang_python, tiny_models, server_log_dir, name
 ):
     extra, message = REFUSED[name]
     log = server_log_dir / f"refused-{name}.log"
-    tail = start_expect_failure(
-        cpu_sglang_python, tiny_models.target, _ddtree(tiny_models, *extra), log
-    )
+    args = _ddtree(tiny_models, *extra)
+    tail = _refused_before_loading(cpu_sglang_python, tiny_models.target, args, log)
     assert message in tail, tail
-    # Refused while the arguments resolve: no weight was loaded.
-    assert "Load weight" not in log.read_text()
 
 
 def test_a_draft_with_a_head_of_its_own_is_refused_before_loading(
@@ -81,12 +86,11 @@ def test_a_draft_with_a_head_of_its_own_is_refused_before_loading(
     (draft / "config.json").write_text(json.dumps(config))
     args = dflash_args(draft, budget=8)
     log = server_log_dir / "refused-lilicorr-draft.log"
-    tail = start_expect_failure(cpu_sglang_python, tiny_models.target, args, log)
+    tail = _refused_before_loading(cpu_sglang_python, tiny_models.target, args, log)
     assert (
         "needs a plain DFlash draft (a per-position token head); this draft uses "
         "a LiLiCorr head" in tail
     ), tail
-    assert "Load weight" not in log.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -104,14 +108,12 @@ def test_released_backend_policy_refuses_a_backend_without_a_verify_mask(
 ):
     args = _ddtree(tiny_models, "--speculative-dflash-tree-budget", "8")
     log = server_log_dir / "refused-torch-native.log"
-    tail = start_expect_failure(strict_python, tiny_models.target, args, log)
+    tail = _refused_before_loading(strict_python, tiny_models.target, args, log)
     assert (
         "DDTree needs a TARGET_VERIFY attention backend that applies the tree "
         "mask; --attention-backend torch_native does not for this target "
         "(use: flashinfer, triton)" in tail
     ), tail
-    # Refused while the arguments resolve: no weight was loaded.
-    assert "Load weight" not in log.read_text()
 
 
 @pytest.fixture(scope="module")
@@ -129,12 +131,11 @@ def test_mla_target_with_a_backend_other_than_triton_is_refused_before_loading(
     test_ddtree_config; on CPU SGLang's own hardware check refuses it first.)"""
     args = dflash_args(mla_models.draft, "--attention-backend", backend, budget=8)
     log = server_log_dir / f"refused-mla-{backend}.log"
-    tail = start_expect_failure(strict_python, mla_models.target, args, log)
+    tail = _refused_before_loading(strict_python, mla_models.target, args, log)
     assert (
         f"--attention-backend {backend} does not for an MLA target (Kimi K2.x, "
         "DeepSeek) (use: triton)" in tail
     ), tail
-    assert "Load weight" not in log.read_text()
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
