@@ -32,6 +32,8 @@ COMPONENTS = (
     " decode_attention_fwd ",
     "import torch 2.13.0",
     "import nvcc ",
+    "import tvm-ffi link inputs libtvm_ffi ",
+    "import GPU check parts part_a_build part_b_exactness ",
 )
 
 needs_base = pytest.mark.skipif(not BASE.is_dir(), reason=f"no SGLang 0.5.23 base tree at {BASE}")

@@ -16,10 +16,12 @@ from __future__ import annotations
 import enum
 import importlib
 import importlib.metadata
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -44,9 +46,23 @@ def install_wheels() -> None:
     if marker.is_file() and marker.read_text() == "\n".join(wheels):
         return
     shutil.rmtree(SITE, ignore_errors=True)
-    argv = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps"]
-    subprocess.run([*argv, "--target", str(SITE), *wheels], check=True)
+    if importlib.util.find_spec("pip") is None:
+        unpack_wheels(wheels)
+    else:
+        argv = [sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps"]
+        subprocess.run([*argv, "--target", str(SITE), *wheels], check=True)
     marker.write_text("\n".join(wheels))
+
+
+def unpack_wheels(wheels: list[str]) -> None:
+    """No pip in this python: a wheel is a zip; its .data/scripts go to SITE/bin."""
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extractall(SITE)
+    for script in SITE.glob("*.data/scripts/*"):
+        (SITE / "bin").mkdir(exist_ok=True)
+        script.chmod(0o755)
+        script.replace(SITE / "bin" / script.name)
 
 
 def activate_site() -> None:
@@ -138,13 +154,13 @@ def main() -> int:
         return ExitStatus.FAILED
     for line in lines:
         say(f"import {line}")
+    import parts
     import torch
 
+    say(f"import GPU check parts {' '.join(f.__name__ for f in parts.PARTS)} {parts.__file__}")
     if not torch.cuda.is_available():
         say("no CUDA device (torch.cuda.is_available() is False): imports OK, GPU parts not run")
         return ExitStatus.NO_CUDA
-    import parts
-
     return ExitStatus.OK if parts.run_all(say) else ExitStatus.FAILED
 
 
