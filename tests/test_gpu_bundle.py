@@ -18,6 +18,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
+NVCC = "/usr/local/cuda/bin/nvcc"
 BASE = Path.home() / ".cache/ddeploy/base/sglang-0.5.23/python/sglang"
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 COMPONENTS = (
@@ -84,3 +85,37 @@ def test_check_imports_everything_then_stops_without_cuda(bundle, torch_only_pyt
     assert out.rstrip().endswith("GPU parts not run")
     assert "no CUDA device" in out.splitlines()[-1]
     assert (tmp_path / "gpu-check/site/tvm_ffi").is_dir()
+
+
+BUILD_FOR_SM90 = """
+import os, sys
+from pathlib import Path
+root = Path(sys.argv[1])
+sys.path[:0] = [str(root / "site"), str(root)]
+os.environ["PATH"] = f"{root / 'site' / 'bin'}:{os.environ['PATH']}"
+import shells
+shells.register(root)
+from sglang.kernels.jit.utils import override_jit_cuda_arch
+from sglang.srt.speculative import ddtree_kernel
+with override_jit_cuda_arch(9, 0):
+    print("build_ddtree" if hasattr(ddtree_kernel.load_module(), "build_ddtree") else "missing")
+"""
+
+
+@needs_base
+@pytest.mark.nvcc
+@pytest.mark.skipif(not Path(NVCC).is_file(), reason=f"no nvcc at {NVCC}")
+def test_bundle_builds_the_kernel_with_the_nvcc_on_path(bundle, torch_only_python, tmp_path):
+    """Part (a) without a GPU: SGLang's load_jit compiles ddtree.cuh for sm_90 (H200)."""
+    with tarfile.open(bundle) as tar:
+        tar.extractall(tmp_path, filter="data")
+    root = tmp_path / "gpu-check"
+    # run.py installs the carried wheels into gpu-check/site (then exits 2: no GPU).
+    subprocess.run([str(torch_only_python), str(root / "run.py")], capture_output=True, check=False)
+    env = {"PATH": f"{Path(NVCC).parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    env["SGLANG_JIT_CACHE_DIR"] = str(tmp_path / "jit")
+    argv = [str(torch_only_python), "-c", BUILD_FOR_SM90, str(root)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == "build_ddtree"
+    assert list((tmp_path / "jit").rglob("*.so"))
