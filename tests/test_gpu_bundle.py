@@ -119,3 +119,19 @@ def test_bundle_builds_the_kernel_with_the_nvcc_on_path(bundle, torch_only_pytho
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == "build_ddtree"
     assert list((tmp_path / "jit").rglob("*.so"))
+
+
+@needs_base
+def test_a_bundle_for_another_python_says_how_to_rebuild(torch_only_python, tmp_path):
+    other = "3.12" if PYTHON != "3.12" else "3.13"
+    out = tmp_path / "other.tar.gz"
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(Path.home())}
+    env["GPU_BUNDLE_PYTHON"] = other
+    subprocess.run(["bash", str(REPO / "scripts/gpu-bundle.sh"), str(out)], env=env, check=True)
+    with tarfile.open(out) as tar:
+        tar.extractall(tmp_path, filter="data")
+    argv = [str(torch_only_python), str(tmp_path / "gpu-check/run.py")]
+    done = subprocess.run(argv, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"the carried wheels do not install on python {PYTHON}: " in done.stdout
+    assert f"GPU_BUNDLE_PYTHON={PYTHON} bash scripts/gpu-bundle.sh" in done.stdout

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The DDTree GPU check, run from its bundle on a bare GPU machine (torch, nvcc, Triton).
 
-    tar xzf gpu-check.tar.gz && python gpu-check/run.py [--quick]
+    tar xzf gpu-check.tar.gz && python gpu-check/run.py
 
 Installs the carried wheels into gpu-check/site (pip --no-index --no-deps --target),
 imports the DDTree modules and SGLang's JIT loader and Triton attention kernels without
@@ -141,7 +141,15 @@ def _cuda_home_source() -> str:
 
 
 def main() -> int:
-    install_wheels()
+    try:
+        install_wheels()
+    except subprocess.CalledProcessError:
+        here = f"{sys.version_info.major}.{sys.version_info.minor}"
+        say(
+            f"the carried wheels do not install on python {here}: GPU_BUNDLE_PYTHON={here} bash "
+            "scripts/gpu-bundle.sh OUT.tar.gz makes a bundle for it"
+        )
+        return ExitStatus.FAILED
     activate_site()
     sys.path.insert(0, str(HERE))
     import shells
@@ -149,8 +157,9 @@ def main() -> int:
     shells.register(HERE)
     try:
         lines = component_lines()
-    except ImportError as exc:
-        say(f"cannot import {exc.name or exc}: {exc}; rebuild the bundle (scripts/gpu-bundle.sh)")
+    except (ImportError, OSError) as exc:  # OSError: a carried shared library fails to load
+        name = getattr(exc, "name", None) or type(exc).__name__
+        say(f"cannot import {name}: {exc}; rebuild the bundle (scripts/gpu-bundle.sh)")
         return ExitStatus.FAILED
     for line in lines:
         say(f"import {line}")
