@@ -102,3 +102,25 @@ def test_sampled_accept_is_broadcast_in_one_collective():
     assert torch.equal(got.accept_len, rank0.accept_len.to(torch.int32))
     assert torch.equal(got.predicts, rank0.predicts.to(torch.int32))
     assert _sync_accept(None, rank1) is rank1  # one rank: nothing to sync
+
+
+def test_build_kernels_runs_one_dummy_step_through_the_real_path():
+    """At start (on CUDA) the verifier builds what a step runs; the dummy inputs are
+    valid for the step's functions (here their torch twins on CPU)."""
+    verifier, _ = _verifier(2)
+    verifier.build_kernels(torch.device("cpu"), VOCAB)
+
+
+def test_a_kernel_that_fails_to_build_fails_the_start_with_a_clear_error(monkeypatch):
+    import sglang.srt.speculative.ddtree_worker as worker
+
+    def no_toolkit(*args, **kwargs):
+        raise RuntimeError("nvcc: not found")
+
+    verifier, _ = _verifier(3)
+    monkeypatch.setattr(worker, "build_verify_step", no_toolkit)
+    with pytest.raises(RuntimeError) as info:
+        verifier.build_kernels(torch.device("cpu"), VOCAB)
+    message = str(info.value)
+    assert "could not build or load its kernels on cpu at start" in message
+    assert "nvcc: not found" in message and "ddeploy build" in message

@@ -94,7 +94,48 @@ class DDTreeVerifier:
             config.block_size,
             config.verify_width,
         )
-        return cls(config, head)
+        verifier = cls(config, head)
+        if torch.device(runner.device).type == "cuda":
+            verifier.build_kernels(torch.device(runner.device), vocab)
+        return verifier
+
+    def build_kernels(self, device: torch.device, vocab_size: int) -> None:
+        """Build (or load from the JIT cache) every kernel a step runs, now.
+
+        One dummy request goes through the step's real path: the tree builder
+        (DDTree's kernel), the greedy verify and the dense sampling verify
+        (SGLang's JIT kernels where they import, else their torch twins). A
+        missing toolkit or a failed compile then fails the server's start, not
+        its first decode; with a prebuilt cache (``ddeploy build``) and
+        SGLANG_CRASH_ON_JIT_COMPILE=1, a kernel missing from it does too.
+        Called once at start; the synchronize there is the point (errors of
+        asynchronous launches surface at start).
+        """
+        cfg = self.config
+        try:
+            depth_k = (1, cfg.depth, cfg.topk)
+            log_probs = torch.zeros(depth_k, dtype=torch.float32, device=device)
+            token_ids = torch.arange(cfg.topk, device=device).expand(depth_k)
+            root = torch.zeros((1,), dtype=torch.int64, device=device)
+            prefix = torch.ones((1,), dtype=torch.int64, device=device)
+            step = build_verify_step(
+                log_probs, token_ids, root, prefix, cfg.budget, cfg.verify_width, 1
+            )
+            s = cfg.num_speculative_tokens
+            accept_greedy(step, step.tokens.reshape(-1), s)
+            probs = torch.full(
+                (1, step.width, vocab_size), 1.0 / vocab_size, device=device
+            )
+            accept_sampling(step, probs, s)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        except Exception as exc:
+            raise RuntimeError(
+                f"DDTree could not build or load its kernels on {device} at start "
+                f"({type(exc).__name__}: {exc}); prebuild them for this GPU with "
+                "`ddeploy build`, or install the CUDA toolkit (nvcc) SGLang's JIT "
+                "needs."
+            ) from exc
 
     @staticmethod
     def check_attention(runner: Any) -> None:
