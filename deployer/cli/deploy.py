@@ -100,12 +100,7 @@ def _early_agents(ctx: click.Context, hosts):
     from ..transport.agent_client import EarlyAgents
 
     sel, app = selection(ctx), ctx.obj
-    head = app.head_start
-    if head is not None:
-        head.inventory_dir = app.inventory.directory  # what the hint for the next run depends on
-    return EarlyAgents(
-        hosts[: sel.parallel], accept_new_host_keys=sel.accept_new_host_keys, command=app.command, head=head
-    )
+    return EarlyAgents(hosts[: sel.parallel], accept_new_host_keys=sel.accept_new_host_keys, command=app.command)
 
 
 def _plan_report(ctx: click.Context, describe):

@@ -4,6 +4,5 @@ connection.py     SSH (paramiko, strict host keys) or this machine; argv command
 ssh_config.py     a host's connection settings and ProxyJump hops, read from its ssh_config
 agent.py          the stdlib-only program that runs on the host and owns everything there
 agent_client.py   runs the agent over one connection per command, validates its replies
-head_start.py     a repeated command connects before its inventory is read (the last run's hint)
 protocol.py       the typed models of the agent's replies and of the host's records
 """

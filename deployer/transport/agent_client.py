@@ -34,7 +34,6 @@ from .connection import Connection, StartedCommand, killed_by, last_line, open_c
 
 if TYPE_CHECKING:
     from ..inventory import Host
-    from .head_start import HeadStart
 
 AGENT_PATH = Path(__file__).with_name("agent.py")
 R = TypeVar("R")
@@ -143,14 +142,9 @@ class AgentSession:
     def _start(self, op: str) -> StartedCommand:
         return self.conn.start(agent_argv(self.host.python, op), first_input=agent_stdin())
 
-    def start(self, op: str, bootstrap: StartedCommand | None = None) -> None:
-        """Start the agent for the next `op` call now; the call then only sends its request.
-        `bootstrap`: the BOOTSTRAP for `op`, already running and waiting for its program."""
-        if bootstrap is None:
-            self._started[op] = self._start(op)
-        else:
-            bootstrap.send(agent_stdin())
-            self._started[op] = bootstrap
+    def start(self, op: str) -> None:
+        """Start the agent for the next `op` call now; the call then only sends its request."""
+        self._started[op] = self._start(op)
 
     def _raw(self, op: str, request: dict[str, Any], stream, timeout) -> dict[str, Any]:
         req = {"op": op, "checkout": self.host.checkout, "by": who(), "command": self.command, **request}
@@ -226,13 +220,8 @@ class EarlyAgents:
         *,
         accept_new_host_keys: bool = False,
         command: str = "ddeploy",
-        head: HeadStart | None = None,
     ):
         self.accept_new_host_keys, self.command = accept_new_host_keys, command
-        # A head start (head_start.py) has connections for a repeated command line; none with
-        # --accept-new-host-keys, which may write known_hosts.
-        self.head = None if accept_new_host_keys else head
-        self._hosts = hosts
         self._lock = threading.Lock()
         self._go = threading.Event()
         self._op: str | None = None
@@ -246,37 +235,17 @@ class EarlyAgents:
             thread = threading.Thread(target=self._open, args=(host, future), name=f"early-{host.name}", daemon=True)
             thread.start()
 
-    def _connect(self, host: Host) -> tuple[Connection, StartedCommand | None]:
-        """The host's head-start connection (and the bootstrap it started) when it has one, else
-        a new connection."""
-        taken = self.head.take(host) if self.head is not None else None
-        if taken is not None:
-            try:
-                conn, bootstrap = taken.result()
-            except errors.ConnectError:
-                raise  # made with this host's own settings: its answer
-            except BaseException:  # noqa: BLE001, S110 - anything else: connect as without a head start
-                pass
-            else:
-                conn.host = host  # the record it was made from is this host's: the model takes over
-                return conn, bootstrap
-        return open_connection(host, accept_new_host_keys=self.accept_new_host_keys), None
-
     def _open(self, host: Host, future: Future) -> None:
         try:
-            conn, bootstrap = self._connect(host)
+            conn = open_connection(host, accept_new_host_keys=self.accept_new_host_keys)
             session = AgentSession(conn, host, self.command)
         except BaseException as exc:  # noqa: BLE001 - handed to whoever takes the session
             future.set_exception(exc)
             return
         self._go.wait()  # start() or close()
         try:
-            wanted = self._op is not None and not self._closed
-            if bootstrap is not None and not (wanted and self._op == self.head.op):
-                bootstrap.abandon()  # started for another op, or for nothing
-                bootstrap = None
-            if wanted:
-                session.start(self._op, bootstrap)
+            if self._op is not None and not self._closed:
+                session.start(self._op)
         except BaseException as exc:  # noqa: BLE001
             session.conn.close()
             future.set_exception(exc)
@@ -294,8 +263,6 @@ class EarlyAgents:
         than that to answer does not hold up the client)."""
         self._op = op
         self._go.set()
-        if self.head is not None:
-            self.head.remember(op, self._hosts)
         deadline = time.monotonic() + wait
         for future in list(self._futures.values()):
             try:
@@ -320,8 +287,6 @@ class EarlyAgents:
             if future.done() and future.exception() is None:
                 future.result().conn.close()
             # not done yet: _open closes it when it gets there
-        if self.head is not None:
-            self.head.close()
 
     def __enter__(self) -> "EarlyAgents":
         return self

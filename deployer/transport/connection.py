@@ -26,14 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .ssh_config import Hop, load_ssh_config, resolve_hop  # first: it imports paramiko without invoke
-
 import paramiko
 from paramiko.ssh_exception import AuthenticationException, BadHostKeyException, NoValidConnectionsError, SSHException
 
 from ..errors import ConnectError, RemoteCommandError
+from .ssh_config import Hop, load_ssh_config, resolve_hop
 
-if TYPE_CHECKING:  # not at run time: a head start (head_start.py) connects before pydantic loads
+if TYPE_CHECKING:
     from ..inventory import Host
 
 Stream = Callable[[str], None]
@@ -149,13 +148,6 @@ class StartedCommand:
 
     def __init__(self, conn: "Connection", argv: list[str], cwd: str | None, env: dict[str, str] | None, first: bytes):
         self.conn, self.argv, self.cwd, self.env, self.first_input = conn, argv, cwd, env, first
-
-    def send(self, data: bytes) -> None:
-        """More of stdin, before `finish`."""
-        self.first_input += data
-
-    def abandon(self) -> None:
-        """Never finished: the command sees the end of its input (and nothing ran yet, here)."""
 
     def finish(
         self,
@@ -466,15 +458,6 @@ class _StartedChannel(StartedCommand):
 
     def __init__(self, conn: "SSHConnection", argv: list[str], chan: paramiko.Channel):
         self.conn, self.argv, self.chan = conn, argv, chan
-
-    def send(self, data):
-        try:
-            self.chan.sendall(data)
-        except (SSHException, OSError, EOFError) as exc:
-            raise _lost(self.conn.name, self.argv, exc) from None
-
-    def abandon(self):
-        self.chan.close()
 
     def finish(self, input=None, *, check=True, timeout=None, stream=None):
         timeout = timeout if timeout is not None else self.conn.timeouts.command

@@ -11,65 +11,11 @@ first hop is connected first) or ProxyCommand. Explicit inventory settings win o
 from __future__ import annotations
 
 import getpass
-import importlib
-import re
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import paramiko
 
-def _import_paramiko_without_invoke():
-    """paramiko.config imports invoke (~80 ms, with the asyncio it pulls in) only to run `Match
-    exec`; import paramiko with invoke held back, and bring invoke in for an ssh_config that has
-    `Match exec` (load_ssh_config). paramiko also imports importlib.metadata (~30 ms, with the
-    email package) only to read its own version: that comes from its METADATA file instead, so a
-    head start (head_start.py) connects that much sooner."""
-    held = "invoke" not in sys.modules
-    stub = _own_version_only() if "importlib.metadata" not in sys.modules else None
-    if held:
-        sys.modules["invoke"] = None  # type: ignore[assignment]  # `import invoke` fails fast
-    if stub is not None:
-        sys.modules["importlib.metadata"] = stub
-    try:
-        import paramiko
-    finally:
-        if held:
-            del sys.modules["invoke"]  # a later `import invoke` works as usual
-        if stub is not None:  # a later `import importlib.metadata` gets the real one
-            if sys.modules.get("importlib.metadata") is stub:
-                del sys.modules["importlib.metadata"]
-            if getattr(importlib, "metadata", None) is stub:
-                del importlib.metadata
-    return paramiko
-
-
-def _own_version_only():
-    """A stand-in for importlib.metadata whose `version("paramiko")` reads paramiko's METADATA
-    file; None when that file is not where pip puts it (then the real module is used)."""
-    import importlib.util
-    import types
-
-    try:
-        spec = importlib.util.find_spec("paramiko")
-        site = Path(spec.origin).parent.parent
-        (dist,) = site.glob("paramiko-*.dist-info")
-        with open(dist / "METADATA", encoding="utf-8") as fh:
-            version = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("Version:"))
-    except (AttributeError, TypeError, ValueError, OSError, StopIteration):
-        return None
-    stub = types.ModuleType("importlib.metadata")
-
-    def only_paramiko(name: str) -> str:
-        if name != "paramiko":
-            raise LookupError(f"{name}: only paramiko's own version is known while it imports")
-        return version
-
-    stub.version = only_paramiko
-    return stub
-
-
-paramiko = _import_paramiko_without_invoke()
-MATCH_EXEC = re.compile(r"^\s*match\b.*\bexec\b", re.IGNORECASE | re.MULTILINE)
 
 SYSTEM_SSH_CONFIG = Path("/etc/ssh/ssh_config")
 
@@ -98,13 +44,7 @@ def load_ssh_config(path: Path | None) -> paramiko.SSHConfig:
     path = path if path is not None else (SYSTEM_SSH_CONFIG if SYSTEM_SSH_CONFIG.is_file() else None)
     if path is None:
         return paramiko.SSHConfig()
-    text = Path(path).read_text()
-    if MATCH_EXEC.search(text) and paramiko.config.invoke is None:
-        try:
-            paramiko.config.invoke = importlib.import_module("invoke")  # what runs `Match exec`
-        except ImportError:
-            pass  # paramiko refuses `Match exec` itself, naming invoke
-    return paramiko.SSHConfig.from_text(text)
+    return paramiko.SSHConfig.from_text(Path(path).read_text())
 
 
 def split_spec(spec: str) -> tuple[str | None, str, int | None]:
