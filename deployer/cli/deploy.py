@@ -200,7 +200,7 @@ def lock_status(ctx):
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
 def lock_release(ctx, yes):
-    """Remove a stale lock (asks first unless --yes)."""
+    """Remove a dead holder's record (asks first unless --yes); a running holder keeps its lock."""
     from ..ops.deploy import lock_release_host
 
     sel = selection(ctx)

@@ -23,9 +23,10 @@ This program alone reads and writes the host's records (the client only sees its
     refs/ddeploy/pre-deploy the recorded pre-deploy commit while a version is applied
     refs/ddeploy/saved/*    hand edits saved by --force, shaped like a stash entry: the work-tree
                             version, parents the HEAD they were on and the index version (^2)
-    .git/ddeploy/lock/      the checkout's lock: atomic mkdir, owner.json {by, user, host, pid,
-                            time, command}; a lock whose pid is gone on this host is stale and is
-                            broken by the next command that needs the lock
+    .git/ddeploy/deploy.lock  the checkout's lock: fcntl.flock held by the agent for the whole
+                            operation, released by the kernel when it ends or dies (no stale lock)
+    .git/ddeploy/deploy.lock.json  the holder's record {by, user, host, pid, time, command}, for
+                            messages; one left by a killed holder is replaced by the next command
     .git/ddeploy/journal.json  a transaction switched halfway; the next run rolls it forward
     .git/ddeploy/sets/      shipped patch sets; test-reports/, pycache/ (kept out of the work tree)
     <launch_dir>/launch.json   the last launch (topology, units with pid, start time, log, state)
@@ -232,31 +233,64 @@ def hostname() -> str:
 
 
 def lock_path(repo: Repo) -> str:
-    return os.path.join(repo.ddir, "lock")
+    return os.path.join(repo.ddir, "deploy.lock")
+
+
+def holder_path(repo: Repo) -> str:
+    return os.path.join(repo.ddir, "deploy.lock.json")
+
+
+_HELD = {}  # lock file path -> the open fd whose flock this process holds
+
+
+def _open_lock(repo: Repo) -> int:
+    os.makedirs(repo.ddir, exist_ok=True)
+    return os.open(lock_path(repo), os.O_RDWR | os.O_CREAT, 0o644)
+
+
+def _lock_is_held(repo: Repo) -> bool:
+    """Whether some process holds the flock (this one included, through another open file)."""
+    import fcntl
+
+    if not os.path.exists(lock_path(repo)):
+        return False
+    fd = _open_lock(repo)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the probe's own shared lock
+    return False
+
+
+def _read_holder(repo: Repo) -> dict:
+    try:
+        with open(holder_path(repo)) as fh:
+            owner = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
+def _holder_soon(repo: Repo) -> dict:
+    """The record of a holder that may have taken the lock an instant ago (it writes it next)."""
+    for _ in range(20):
+        owner = _read_holder(repo)
+        if owner:
+            return owner
+        time.sleep(0.05)
+    return {}
 
 
 def read_lock(repo: Repo):
-    path = lock_path(repo)
-    if not os.path.isdir(path):
+    """The holder's record, with `alive`: whether the lock is held now. A record whose lock is not
+    held was left by a process that died; the next command replaces it (nothing to break)."""
+    owner, held = _read_holder(repo), _lock_is_held(repo)
+    if not owner and not held:
         return None
-    try:
-        with open(os.path.join(path, "owner.json")) as fh:
-            owner = json.load(fh)
-    except (OSError, ValueError):
-        owner = {}
-    if owner.get("host") == hostname() and owner.get("pid"):
-        owner["alive"] = pid_alive(int(owner["pid"]))
+    owner["alive"] = held
     return owner
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def describe_owner(owner) -> str:
@@ -271,30 +305,29 @@ def describe_owner(owner) -> str:
 
 
 def acquire(repo: Repo, req: dict) -> None:
-    os.makedirs(repo.ddir, exist_ok=True)
-    path = lock_path(repo)
-    for _ in range(2):
-        try:
-            os.mkdir(path)
-            break
-        except FileExistsError:
-            owner = read_lock(repo) or {}
-            if owner.get("alive") is False and _break_stale(path, owner):
-                progress("broke the stale lock of dead pid %s" % owner.get("pid"))
-                continue
-            if not owner:
-                raise Fail(
-                    "LockError",
-                    "checkout %s is locked (no owner recorded); if no deploy runs, "
-                    "run `ddeploy lock release`" % repo.path,
-                ) from None
-            raise Fail(
-                "LockError",
-                "checkout %s is locked by %s; wait for it, or if it is stale run "
-                "`ddeploy lock release`" % (repo.path, describe_owner(owner)),
-            ) from None
-    else:
-        raise Fail("LockError", "checkout %s: cannot take the lock" % repo.path)
+    """Take the checkout's lock for the rest of this process (or until release): fcntl.flock on
+    .git/ddeploy/deploy.lock, which the kernel drops when the process dies, so there is never a
+    stale lock to break. The holder's record beside it only says who holds it."""
+    import fcntl
+
+    fd = _open_lock(repo)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        owner = _holder_soon(repo)
+        who = "by %s" % describe_owner(owner) if owner else "(its holder is still starting)"
+        raise Fail(
+            "LockError",
+            "checkout %s is locked %s; wait for it to finish (the lock goes when that process ends)" % (repo.path, who),
+        ) from None
+    _HELD[lock_path(repo)] = fd
+    left = _read_holder(repo)
+    if left:
+        progress(
+            "the previous holder (pid %s, `%s`) ended without releasing the lock"
+            % (left.get("pid", "?"), left.get("command", "?"))
+        )
     owner = {
         "by": req.get("by", "?"),
         "user": req.get("by", "?").split("@")[0],
@@ -303,35 +336,23 @@ def acquire(repo: Repo, req: dict) -> None:
         "time": time.time(),
         "command": req.get("command", req.get("op")),
     }
-    with open(os.path.join(path, "owner.json"), "w") as fh:
+    tmp = "%s.%d.tmp" % (holder_path(repo), os.getpid())
+    with open(tmp, "w") as fh:
         json.dump(owner, fh)
-
-
-def _break_stale(path: str, owner: dict) -> bool:
-    # Rename first so two breakers cannot both win.
-    grave = "%s.stale-%d" % (path, os.getpid())
-    try:
-        os.rename(path, grave)
-    except OSError:
-        return False
-    import shutil
-
-    shutil.rmtree(grave, ignore_errors=True)
-    return True
+    os.replace(tmp, holder_path(repo))
 
 
 def release(repo: Repo) -> None:
-    path = lock_path(repo)
-    try:  # the lock as acquire() made it: a directory holding owner.json
-        if not os.path.islink(path):
-            os.unlink(os.path.join(path, "owner.json"))
-            os.rmdir(path)
-            return
+    """Drop the record, then the flock (the lock file stays: unlinking it would let two processes
+    lock two different files of the same name)."""
+    fd = _HELD.pop(lock_path(repo), None)
+    if fd is None:
+        return
+    try:
+        os.unlink(holder_path(repo))
     except OSError:
         pass
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)  # anything else there (rmtree leaves a link alone)
+    os.close(fd)
 
 
 # ---------------------------------------------------------------- patch sets
@@ -1094,9 +1115,20 @@ def op_lock_status(repo: Repo, req: dict) -> dict:
 
 
 def op_lock_release(repo: Repo, req: dict) -> dict:
+    """Remove a dead holder's record. A live holder's lock is the kernel's: it ends with the process."""
     owner = read_lock(repo)
+    if owner is not None and owner["alive"]:
+        raise Fail(
+            "LockError",
+            "checkout %s is locked by %s, which is still running; the lock goes when it ends "
+            "(stop it with `kill %s` on the host if it hangs)"
+            % (repo.path, describe_owner(owner), owner.get("pid", "PID")),
+        )
     if owner is not None:
-        release(repo)
+        try:
+            os.unlink(holder_path(repo))
+        except OSError:
+            pass
     return {"ok": True, "released": owner is not None, "lock": owner}
 
 

@@ -34,7 +34,7 @@ class LockOwner(Record):
     pid: int | None = None
     time: float | None = None
     command: str | None = None
-    alive: bool | None = Field(default=None, description="False: the owner's pid is gone on that host (stale)")
+    alive: bool | None = Field(default=None, description="False: nobody holds the lock (a dead holder's record)")
 
 
 class AppliedPatch(Record):
