@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
+import time
 
 import pytest
 
@@ -63,8 +65,51 @@ def test_rsync_both_ways_with_mkpath(hosts, tmp_path):
 
 def test_stopped_host_is_unreachable(hosts):
     hosts.hosts[2].stop()
-    with pytest.raises(ConnectError, match=r"^\[h3\] .*unreachable \(connection refused\)"):
+    with pytest.raises(ConnectError, match=r"^\[h3\] .*unreachable \(connection refused\).* \(tried 4 times\)$"):
         open_connection(_host(hosts, "h3"))
+
+
+def test_a_connect_is_retried_across_a_host_restart(hosts, ddeploy, monkeypatch):
+    """The host's sshd is down when ddeploy connects and comes back while it retries (a reboot)."""
+    h2 = hosts.hosts[1]
+    monkeypatch.setenv("DDEPLOY_CONNECT_BACKOFF", "0.5")  # waits 0.5, 1, 2 s
+    h2.stop()
+    restart = threading.Timer(1.0, h2.start)
+    restart.start()
+    try:
+        t0 = time.monotonic()
+        r = ddeploy("status", "--host", "h2", "--json")
+        took = time.monotonic() - t0
+    finally:
+        restart.join()
+    assert r.code == 0, r.stderr
+    assert json.loads(r.stdout)[0]["data"]["reachable"] is True
+    assert took >= 1.0  # it got through only after the restart
+    monkeypatch.setenv("DDEPLOY_CONNECT_RETRIES", "0")  # retries off: a refusal is final at once
+    h2.stop()
+    try:
+        with pytest.raises(ConnectError, match=r"^\[h2\] .*unreachable \(connection refused\)[^(]*$"):
+            open_connection(_host(hosts, "h2"))
+    finally:
+        h2.start()
+
+
+def test_an_authentication_failure_is_not_retried(hosts, tmp_path, monkeypatch):
+    monkeypatch.setenv("DDEPLOY_CONNECT_BACKOFF", "10")  # a retry would take 10 s
+    host = _foreign_key_host(hosts, tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(ConnectError, match=r"\[h1\] authentication refused[^(]*\([^)]*\); check user") as err:
+        open_connection(host)
+    assert time.monotonic() - t0 < 8 and "tried" not in str(err.value)
+
+
+def test_an_unknown_host_key_is_not_retried(hosts, monkeypatch):
+    monkeypatch.setenv("DDEPLOY_CONNECT_BACKOFF", "10")
+    hosts.forget_host_key(hosts.hosts[2])
+    t0 = time.monotonic()
+    with pytest.raises(ConnectError, match=r"\[h3\] host key .* is unknown") as err:
+        open_connection(_host(hosts, "h3"))  # the `hosts` fixture restores known_hosts afterwards
+    assert time.monotonic() - t0 < 8 and "tried" not in str(err.value)
 
 
 def test_unknown_host_key_refused_unless_opted_in(hosts):
@@ -88,7 +133,8 @@ def test_changed_host_key_refused_even_with_opt_in(hosts):
     assert hosts.known_hosts.read_text() == before
 
 
-def test_auth_refused_with_a_foreign_key(hosts, tmp_path):
+def _foreign_key_host(hosts, tmp_path):
+    """h1 reached with a key its sshd does not accept."""
     import subprocess
 
     key = tmp_path / "other"
@@ -99,9 +145,12 @@ def test_auth_refused_with_a_foreign_key(hosts, tmp_path):
         f"Host other\n  HostName {h.address}\n  Port {h.port}\n  User root\n  IdentityFile {key}\n"
         f"  IdentitiesOnly yes\n  UserKnownHostsFile {hosts.known_hosts}\n"
     )
-    host = _with_ssh(_host(hosts, "h1"), host="other", config=str(cfg))
+    return _with_ssh(_host(hosts, "h1"), host="other", config=str(cfg))
+
+
+def test_auth_refused_with_a_foreign_key(hosts, tmp_path):
     with pytest.raises(ConnectError, match=r"\[h1\] authentication refused"):
-        open_connection(host)
+        open_connection(_foreign_key_host(hosts, tmp_path))
 
 
 def test_banner_timeout_is_one_clear_line(hosts):

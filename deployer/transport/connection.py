@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import paramiko
 from paramiko.ssh_exception import AuthenticationException, BadHostKeyException, NoValidConnectionsError, SSHException
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..inventory import Host
 
 Stream = Callable[[str], None]
+T = TypeVar("T")
 # paramiko's transport thread logs its own tracebacks (e.g. a banner timeout) through the root
 # logger's last-resort handler; every failure already becomes one ConnectError line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -48,11 +49,14 @@ class Timeouts:
     auth: float = 15.0
     command: float | None = None  # default per-command limit (None: no limit)
     keepalive: int = 15  # seconds between keepalives; a dead peer is noticed
+    retries: int = 3  # connects tried again after a refusal or a timeout (a host rebooting)
+    backoff: float = 1.0  # seconds before the first retry; doubled before each next one
 
     @classmethod
     def from_env(cls) -> "Timeouts":
-        """Defaults, overridden by DDEPLOY_{CONNECT,BANNER,AUTH,COMMAND}_TIMEOUT (seconds)."""
-        values = {}
+        """Defaults, overridden by DDEPLOY_{CONNECT,BANNER,AUTH,COMMAND}_TIMEOUT (seconds),
+        DDEPLOY_CONNECT_RETRIES (a count) and DDEPLOY_CONNECT_BACKOFF (seconds)."""
+        values: dict = _retry_settings()
         for name in ("connect", "banner", "auth", "command"):
             raw = os.environ.get(f"DDEPLOY_{name.upper()}_TIMEOUT")
             if raw:
@@ -66,6 +70,47 @@ class Timeouts:
                         f"(must be positive and finite)"
                     )
         return cls(**values)
+
+
+def _retry_settings() -> dict:
+    values: dict = {}
+    for name, key, kind in (("retries", "DDEPLOY_CONNECT_RETRIES", int), ("backoff", "DDEPLOY_CONNECT_BACKOFF", float)):
+        raw = os.environ.get(key)
+        if not raw:
+            continue
+        try:
+            values[name] = kind(raw)
+        except ValueError:
+            values[name] = -1
+        if not 0 <= values[name] < 1000:
+            raise ConnectError(f"{key}={raw!r} is not a {kind.__name__} between 0 and 1000")
+    return values
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A connect that may work a moment later: refused (sshd not up yet, directly or through a
+    jump host) or timed out. Never an authentication or host-key failure."""
+    if isinstance(exc, (AuthenticationException, BadHostKeyException)):
+        return False
+    if isinstance(exc, paramiko.ChannelException):  # a jump host could not reach the next hop
+        return True
+    return isinstance(exc, (NoValidConnectionsError, ConnectionRefusedError, socket.timeout, TimeoutError))
+
+
+def with_retries(connect: Callable[[], T], timeouts: Timeouts) -> tuple[T, int]:
+    """connect(), tried again after a transient failure (is_transient) up to timeouts.retries
+    times, waiting backoff, 2x backoff, ...; the result and the number of attempts. Raises the
+    last failure with `attempts` set on it."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return connect(), attempt
+        except Exception as exc:
+            if attempt > timeouts.retries or not is_transient(exc):
+                exc.attempts = attempt  # type: ignore[attr-defined]
+                raise
+        time.sleep(timeouts.backoff * 2 ** (attempt - 1))
 
 
 @dataclass(frozen=True)
@@ -350,12 +395,20 @@ class SSHConnection(Connection):
         if self.hop.gateway is not None:
             target += f" (via ProxyJump {self.hop.gateway.target})"
         try:
-            self.transport = self._connect(self.hop, accept_new, is_target=True)
+            self.transport, _ = with_retries(lambda: self._connect_fresh(accept_new), self.timeouts)
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
-            self.close()
-            raise ConnectError(describe_connect_error(exc, target), host=self.name) from None
+            raise ConnectError(describe_connect_error(exc, target) + _attempts(exc), host=self.name) from None
         self.transport.set_keepalive(self.timeouts.keepalive)
         _keep_exit_signals(self.transport)
+
+    def _connect_fresh(self, accept_new: bool) -> paramiko.Transport:
+        """One attempt at the whole chain; a failed attempt leaves no client open."""
+        try:
+            return self._connect(self.hop, accept_new, is_target=True)
+        except BaseException:
+            self.close()
+            self.clients = []
+            raise
 
     def _connect(self, hop: Hop, accept_new: bool, is_target: bool = False) -> paramiko.Transport:
         """Connect to `hop` (through its gateway), strict host keys on every hop."""
@@ -528,6 +581,11 @@ def _pump_channel(
     if rc == -1:  # the channel closed without an exit status: the connection went away
         raise EOFError("no exit status (connection cut)")
     return RunResult(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def _attempts(exc: BaseException) -> str:
+    n = getattr(exc, "attempts", 1)
+    return f" (tried {n} times)" if n > 1 else ""
 
 
 def describe_connect_error(exc: BaseException, target: str) -> str:
