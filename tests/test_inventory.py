@@ -62,16 +62,17 @@ def test_selection_by_name_group_and_all(tmp_path):
         inv.select(groups=["nope"])
 
 
-def test_inventory_level_ssh_config_is_used(tmp_path):
-    from deployer.transport.connection import _ssh_config_path
+def test_inventory_level_ssh_config_is_used(tmp_path, monkeypatch):
+    from deployer.transport.ssh import runtime_ssh_config
 
+    monkeypatch.delenv("DDEPLOY_SSH_CONFIG", raising=False)
     write(tmp_path, "a.yaml", GOOD)
-    assert _ssh_config_path(Inventory.load(tmp_path).get("gpu1")) != tmp_path / "ssh_config"
+    assert runtime_ssh_config(Inventory.load(tmp_path).get("gpu1")) is None  # the user's and the system's
     (tmp_path / "ssh_config").write_text("Host gpu1\n  HostName 10.0.0.9\n")
-    assert _ssh_config_path(Inventory.load(tmp_path).get("gpu1")) == tmp_path / "ssh_config"
+    assert runtime_ssh_config(Inventory.load(tmp_path).get("gpu1")) == tmp_path / "ssh_config"
     write(tmp_path, "a.yaml", {**GOOD, "ssh": {"host": "gpu1", "config": "other_config"}})
     (tmp_path / "other_config").write_text("")
-    assert _ssh_config_path(Inventory.load(tmp_path).get("gpu1")) == tmp_path / "other_config"
+    assert runtime_ssh_config(Inventory.load(tmp_path).get("gpu1")) == tmp_path / "other_config"
 
 
 @pytest.fixture

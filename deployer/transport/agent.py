@@ -819,7 +819,7 @@ def op_push(repo: Repo, req: dict) -> dict:
     if not os.path.isdir(repo.gitdir):
         raise Fail("StateError", "%s is not a git checkout (no .git directory); clone SGLang there first" % repo.path)
     with Scratch("ddeploy-push-") as workdir:
-        patches = load_patches(req, workdir)  # NeedShip: the client rsyncs the set and asks again
+        patches = load_patches(req, workdir)  # NeedShip: the client sends the set in a second call
         acquire(repo, req)
         try:
             recovered = recover(repo)
