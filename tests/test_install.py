@@ -91,7 +91,7 @@ def test_the_installed_package_is_the_wheels_not_this_checkout(installed, tmp_pa
     ).stdout
     assert out.startswith(str(installed)), out
     pkg = Path(out.strip()).parent
-    assert (pkg / "transport" / "agent.py").is_file() and not (pkg / "render" / "golden.py").exists()
+    assert (pkg / "agent" / "main.py").is_file() and not (pkg / "render" / "golden.py").exists()
 
 
 def test_installed_ddeploy_finds_its_data_and_the_inventory_by_the_documented_order(installed, tmp_path):

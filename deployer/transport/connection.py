@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 import paramiko
 from paramiko.ssh_exception import AuthenticationException, BadHostKeyException, NoValidConnectionsError, SSHException
 
+from ..agent.common import last_text_line
 from ..errors import ConnectError, RemoteCommandError
 
 if TYPE_CHECKING:
@@ -145,21 +146,12 @@ def _env_prefix(env: dict[str, str] | None) -> list[str]:
     return ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
 
 
-def last_line(*texts: str, default: str = "no output") -> str:
-    """The last line of the first text that has one (stderr, then stdout): the gist of a failure."""
-    for text in texts:
-        lines = text.strip().splitlines()
-        if lines:
-            return lines[-1]
-    return default
-
-
 def _check(host: str, argv: list[str], res: RunResult, check: bool) -> RunResult:
     what = f"`{argv[0]} {' '.join(argv[1:3])}...`"
     if check and res.signal:
         raise RemoteCommandError(f"{what} was killed by {killed_by(res.signal)}", host=host)
     if check and res.rc != 0:
-        last = last_line(res.stderr, res.stdout)
+        last = last_text_line(res.stderr, res.stdout)
         raise RemoteCommandError(f"{what} exited {res.rc}: {last}", host=host)
     return res
 
