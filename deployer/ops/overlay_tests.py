@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..agent.overlay_tests import TEST_DIR, junit_totals, pytest_argv
+from ..agent.overlay_tests import TEST_DIR, describe_totals, junit_totals, pytest_argv
 from ..transport.connection import LocalConnection
 from ..errors import DeployError, OverlayTestsFailed
 from ..inventory import Host, local_host
@@ -60,10 +60,7 @@ class JUnitSummary:
         return self.failed == 0 and self.errors == 0 and self.tests > 0
 
     def describe(self) -> str:
-        return (
-            f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped, {self.errors} errors "
-            f"in {self.duration:.1f}s"
-        )
+        return describe_totals(self.__dict__)  # the agent's wording, for local and remote runs alike
 
 
 def parse_junit(path: Path) -> JUnitSummary:
