@@ -5,9 +5,8 @@
 Starts one OpenSSH host (tests/sshd_hosts.py), pushes the generated 3-patch set once, then runs
 the no-op push --reps times as a subprocess whose first lines wrap a few functions to note when
 they start and end (milliseconds since the interpreter started running the command: the connect,
-the agent's start, the client ready to send its request, the agent call), alternately with and
-without the head start (DDEPLOY_HEAD_START=0; deployer/transport/head_start.py). Prints the
-medians as a table, beside one `ssh host true` in every round. Asserts nothing about timing.
+the agent's start, the client ready to send its request, the agent call). Prints the medians as
+a table, beside one `ssh host true` in every round. Asserts nothing about timing.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ def _wrap(owner, attr, name):
             _note(name + " end")
     setattr(owner, attr, wrapped)
 import deployer.transport.agent_client as a, deployer.transport.connection as c  # paramiko: first anyway
-_wrap(c.SSHConnection, "_open", "connect")
+_wrap(c.SSHConnection, "_open_fresh", "connect")
 _wrap(c.SSHConnection, "start", "agent start")
 _wrap(c._StartedChannel, "finish", "agent call")
 _wrap(a.EarlyAgents, "start", "client ready")
@@ -59,12 +58,12 @@ main()
 
 ROWS = [
     ("client: imports, inventory, hosts chosen, set verified", None, "client ready start"),
-    ("connect: handshake, auth (a head start: from the start)", "connect start", "connect end"),
+    ("connect: handshake, auth (early agents: beside the client)", "connect start", "connect end"),
     ("agent started: session, exec of the bootstrap", "agent start start", "agent start end"),
     ("agent call: program and request sent, reply back", "agent call start", "agent call end"),
     ("reply rendered, exit", "agent call end", "exit"),
 ]
-MODES = {"head start": "1", "no head start": "0"}
+MODES = {"ddeploy": {}}
 
 
 def main() -> None:
@@ -94,13 +93,13 @@ def main() -> None:
                 t0 = time.perf_counter()
                 subprocess.run(["ssh", "-F", str(fleet.ssh_config), host.name, "true"], check=True)
                 rtts.append(time.perf_counter() - t0)
-                for mode, flag in MODES.items():
+                for mode, extra in MODES.items():
                     t0 = time.perf_counter()
                     proc = subprocess.run(
                         [sys.executable, "-c", PRELUDE, *argv],
                         capture_output=True,
                         text=True,
-                        env={**env, "DDEPLOY_HEAD_START": flag},
+                        env={**env, **extra},
                     )
                     walls[mode].append(time.perf_counter() - t0)
                     if proc.returncode != 0 or "already applied" not in proc.stderr:

@@ -141,10 +141,14 @@ def find_inventory_dir() -> Path:
     for candidate in candidates:
         if candidate.is_dir():
             return candidate
-    raise InventoryError(
+    raise NoInventoryError(
         f"no inventory: none of {', '.join(str(c) for c in candidates)} exists; pass "
         f"-i DIR or set DDEPLOY_HOSTS_DIR (a directory of host YAML files, docs/inventory.md)"
     )
+
+
+class NoInventoryError(InventoryError):
+    """No inventory directory was given and none of the places it is looked for exists."""
 
 
 def local_host() -> Host:
@@ -235,6 +239,11 @@ class Inventory:
         for path in inventory_files(directory):
             hosts.extend(load_file(path))
         return cls(hosts, directory)
+
+    @classmethod
+    def builtin(cls) -> "Inventory":
+        """Only the built-in `local` host (no inventory directory)."""
+        return cls([local_host()], None)
 
     @property
     def groups(self) -> dict[str, list[str]]:

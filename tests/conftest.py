@@ -57,6 +57,8 @@ def _isolated_cache(tmp_path_factory):
     wheels = sorted((real / "wheels").glob(f"sglang-{SGLANG_VERSION}-*.whl"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("DDEPLOY_CACHE_DIR", str(cache))
+        # Refused connects are still retried (3 times), just without the user's 1 s, 2 s, 4 s waits.
+        mp.setenv("DDEPLOY_CONNECT_BACKOFF", os.environ.get("DDEPLOY_CONNECT_BACKOFF", "0.05"))
         if wheels and not os.environ.get("DDEPLOY_SGLANG_WHEEL"):
             mp.setenv("DDEPLOY_SGLANG_WHEEL", str(wheels[0]))
         yield cache

@@ -10,14 +10,9 @@ import pytest
 
 from deployer.ops.overlay_tests import parse_junit
 from deployer.locations import OVERLAYS_DIR
-from deployer.transport.agent import (
-    Fail,
-    Toolkit,
-    check_toolkit_supports,
-    junit_totals,
-    parse_nvcc_version,
-    parse_nvidia_smi,
-)
+from deployer.agent.build import Toolkit, check_toolkit_supports, parse_nvcc_version, parse_nvidia_smi
+from deployer.agent.common import Fail
+from deployer.agent.overlay_tests import junit_totals
 
 NVCC_12_9 = """nvcc: NVIDIA (R) Cuda compiler driver
 Copyright (c) 2005-2025 NVIDIA Corporation

@@ -1,9 +1,11 @@
-"""The connection layer against real sshd hosts: commands, quoting, rsync, and each connect failure."""
+"""The connection layer against real sshd hosts: commands, quoting, and each connect failure."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
+import time
 
 import pytest
 
@@ -49,22 +51,53 @@ def test_a_command_killed_by_a_signal_is_told_apart_from_a_cut_connection(hosts,
         assert conn.run(["true"]).ok  # the connection is still up
 
 
-def test_rsync_both_ways_with_mkpath(hosts, tmp_path):
-    src = tmp_path / "src"
-    (src / "sub").mkdir(parents=True)
-    (src / "sub" / "f.txt").write_text("payload")
-    target = hosts.hosts[1].root / "deep" / "dir"
-    with open_connection(_host(hosts, "h2")) as conn:
-        conn.rsync_to(f"{src}/", f"{target}/")
-        assert (target / "sub" / "f.txt").read_text() == "payload"
-        conn.rsync_from(f"{target}/sub/f.txt", tmp_path / "back.txt")
-    assert (tmp_path / "back.txt").read_text() == "payload"
-
-
 def test_stopped_host_is_unreachable(hosts):
     hosts.hosts[2].stop()
-    with pytest.raises(ConnectError, match=r"^\[h3\] .*unreachable \(connection refused\)"):
+    with pytest.raises(ConnectError, match=r"^\[h3\] .*unreachable \(connection refused\).* \(tried 4 times\)$"):
         open_connection(_host(hosts, "h3"))
+
+
+def test_a_connect_is_retried_across_a_host_restart(hosts, ddeploy, monkeypatch):
+    """The host's sshd is down when ddeploy connects and comes back while it retries (a reboot)."""
+    h2 = hosts.hosts[1]
+    monkeypatch.setenv("DDEPLOY_CONNECT_BACKOFF", "0.5")  # waits 0.5, 1, 2 s
+    h2.stop()
+    restart = threading.Timer(1.0, h2.start)
+    restart.start()
+    try:
+        t0 = time.monotonic()
+        r = ddeploy("status", "--host", "h2", "--json")
+        took = time.monotonic() - t0
+    finally:
+        restart.join()
+    assert r.code == 0, r.stderr
+    assert json.loads(r.stdout)[0]["data"]["reachable"] is True
+    assert took >= 1.0  # it got through only after the restart
+    monkeypatch.setenv("DDEPLOY_CONNECT_RETRIES", "0")  # retries off: a refusal is final at once
+    h2.stop()
+    try:
+        with pytest.raises(ConnectError, match=r"^\[h2\] .*unreachable \(connection refused\)[^(]*$"):
+            open_connection(_host(hosts, "h2"))
+    finally:
+        h2.start()
+
+
+def test_an_authentication_failure_is_not_retried(hosts, tmp_path, monkeypatch):
+    monkeypatch.setenv("DDEPLOY_CONNECT_BACKOFF", "10")  # a retry would take 10 s
+    host = _foreign_key_host(hosts, tmp_path)
+    t0 = time.monotonic()
+    with pytest.raises(ConnectError, match=r"\[h1\] authentication refused[^(]*\([^)]*\); check user") as err:
+        open_connection(host)
+    assert time.monotonic() - t0 < 8 and "tried" not in str(err.value)
+
+
+def test_an_unknown_host_key_is_not_retried(hosts, monkeypatch):
+    monkeypatch.setenv("DDEPLOY_CONNECT_BACKOFF", "10")
+    hosts.forget_host_key(hosts.hosts[2])
+    t0 = time.monotonic()
+    with pytest.raises(ConnectError, match=r"\[h3\] host key .* is unknown") as err:
+        open_connection(_host(hosts, "h3"))  # the `hosts` fixture restores known_hosts afterwards
+    assert time.monotonic() - t0 < 8 and "tried" not in str(err.value)
 
 
 def test_unknown_host_key_refused_unless_opted_in(hosts):
@@ -88,7 +121,8 @@ def test_changed_host_key_refused_even_with_opt_in(hosts):
     assert hosts.known_hosts.read_text() == before
 
 
-def test_auth_refused_with_a_foreign_key(hosts, tmp_path):
+def _foreign_key_host(hosts, tmp_path):
+    """h1 reached with a key its sshd does not accept."""
     import subprocess
 
     key = tmp_path / "other"
@@ -99,9 +133,12 @@ def test_auth_refused_with_a_foreign_key(hosts, tmp_path):
         f"Host other\n  HostName {h.address}\n  Port {h.port}\n  User root\n  IdentityFile {key}\n"
         f"  IdentitiesOnly yes\n  UserKnownHostsFile {hosts.known_hosts}\n"
     )
-    host = _with_ssh(_host(hosts, "h1"), host="other", config=str(cfg))
+    return _with_ssh(_host(hosts, "h1"), host="other", config=str(cfg))
+
+
+def test_auth_refused_with_a_foreign_key(hosts, tmp_path):
     with pytest.raises(ConnectError, match=r"\[h1\] authentication refused"):
-        open_connection(host)
+        open_connection(_foreign_key_host(hosts, tmp_path))
 
 
 def test_banner_timeout_is_one_clear_line(hosts):
@@ -124,19 +161,16 @@ def test_proxyjump_through_another_host(hosts, tmp_path):
     host = _with_ssh(_host(hosts, "h3"), host="h3-via-h1")
     with open_connection(host) as conn:
         assert conn.run(["sh", "-c", "echo $DDEPLOY_TEST_HOST"]).stdout.strip() == "h3"
-        (tmp_path / "f").write_text("jumped")
-        conn.rsync_to(tmp_path / "f", str(hosts.hosts[2].root / "jumped.txt"))
-    assert (hosts.hosts[2].root / "jumped.txt").read_text() == "jumped"
     hosts.hosts[0].stop()  # the jump host down: the target is unreachable through it
-    with pytest.raises(ConnectError, match=r"\[h3\] .*via ProxyJump root@127.0.0.11:\d+\) is unreachable"):
+    with pytest.raises(
+        ConnectError, match=r"^\[h3\] root@127.0.0.11:\d+ \(ProxyJump hop to root@127.0.0.13:\d+\) is unreachable"
+    ):
         open_connection(host)
 
 
 def test_local_connection_runs_argv_without_a_shell(tmp_path):
     with open_connection(local_host()) as conn:
         assert conn.run(["printf", "%s", "$(id) ;"]).stdout == "$(id) ;"
-        conn.rsync_to(__file__, str(tmp_path / "x" / "copy.py"))
-    assert (tmp_path / "x" / "copy.py").read_text().startswith('"""The connection layer')
 
 
 def test_command_timeout_from_the_environment(hosts, monkeypatch):

@@ -91,13 +91,15 @@ def test_the_installed_package_is_the_wheels_not_this_checkout(installed, tmp_pa
     ).stdout
     assert out.startswith(str(installed)), out
     pkg = Path(out.strip()).parent
-    assert (pkg / "transport" / "agent.py").is_file() and not (pkg / "render" / "golden.py").exists()
+    assert (pkg / "agent" / "main.py").is_file() and not (pkg / "render" / "golden.py").exists()
 
 
 def test_installed_ddeploy_finds_its_data_and_the_inventory_by_the_documented_order(installed, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
-    r = run(installed, "hosts", cwd=tmp_path, home=home)
+    r = run(installed, "hosts", cwd=tmp_path, home=home)  # no inventory yet: `local`, and where one is read
+    assert r.returncode == 0 and "no inventory yet" in r.stderr and "\nlocal " in r.stderr, r.stderr
+    r = run(installed, "status", "--host", "gpu1", cwd=tmp_path, home=home)
     assert r.returncode == 3 and "no inventory: none of" in r.stderr and "pass -i DIR" in r.stderr, r.stderr
     r = run(installed, "patches", "list", cwd=tmp_path, home=home)
     assert r.returncode == 0 and "0.1.0" in r.stderr, r.stderr  # the released sets came with it

@@ -1,4 +1,5 @@
-"""The host-side agent must run on a plain host: Python >= 3.8 syntax and the standard library only."""
+"""The host-side agent must run on a plain host: Python >= 3.8 syntax and the standard library only,
+shipped as one bundle of its package's modules."""
 
 from __future__ import annotations
 
@@ -12,33 +13,48 @@ import time
 
 import pytest
 
-from deployer.transport import agent
-from deployer.transport.agent_client import AGENT_PATH, BOOT, BOOTSTRAP, agent_argv, agent_source, agent_stdin
+from deployer.agent.common import Fail
+from deployer.agent.deploy import facts
+from deployer.agent.repo import Repo
+from deployer.agent.state import read_state, update_section
+from deployer.transport.agent_client import AGENT_PACKAGE, BOOT, BOOTSTRAP, agent_argv, agent_sources, agent_stdin
+
+PARTS = {**{name: src.decode() for name, src in agent_sources().items()}, "boot program": BOOT.decode()}
 
 
-@pytest.mark.parametrize("part", ["agent", "boot program", "bootstrap"])
+@pytest.mark.parametrize("part", [*PARTS, "bootstrap"])
 def test_agent_is_python38_syntax_and_stdlib_only(part):
-    src = {"agent": agent_source().decode(), "boot program": BOOT.decode(), "bootstrap": BOOTSTRAP}[part]
-    tree = ast.parse(src, feature_version=(3, 8))
+    tree = ast.parse(PARTS.get(part, BOOTSTRAP), feature_version=(3, 8))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported - {"__future__"} <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    froms = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    imported |= {n.module.split(".")[0] for n in froms if n.module and n.level == 0}
+    imported -= {"__future__", "ddeploy_agent"}  # the boot program imports the bundle's entry point
+    assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
+    relative = {f"ddeploy_agent.{n.module}" for n in froms if n.level == 1}
+    assert relative <= set(PARTS), relative - set(PARTS)  # within the bundle
+
+
+def test_the_bundle_is_every_module_of_the_package():
+    modules = {p.stem for p in AGENT_PACKAGE.glob("*.py")} - {"__main__"}
+    assert set(agent_sources()) == {"ddeploy_agent"} | {f"ddeploy_agent.{m}" for m in modules - {"__init__"}}
 
 
 def test_agent_reports_errors_as_json_not_tracebacks(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(AGENT_PATH), "status"],
+        [sys.executable, "-m", "deployer.agent", "status"],
         capture_output=True,
         text=True,
+        cwd=AGENT_PACKAGE.parent.parent,
         input=json.dumps({"checkout": str(tmp_path / "nope")}),
     )
     result = json.loads(proc.stdout)
     assert proc.returncode == 0 and result["ok"] is False
     assert result["error"]["kind"] == "StateError" and "does not exist on this host" in result["error"]["message"]
     proc = subprocess.run(
-        [sys.executable, str(AGENT_PATH), "explode"],
+        [sys.executable, "-m", "deployer.agent", "explode"],
         capture_output=True,
         text=True,
+        cwd=AGENT_PACKAGE.parent.parent,
         input=json.dumps({"checkout": str(tmp_path)}),
     )
     assert json.loads(proc.stdout)["error"]["kind"] == "UsageError"
@@ -193,27 +209,27 @@ def test_facts_read_head_and_the_state_record_as_rev_parse_and_cat_file_would(tm
     from deployer.patchset.sglang_base import clone_base
 
     co = clone_base(tmp_path / "co")
-    repo = agent.Repo(str(co))
+    repo = Repo(str(co))
     head, tree = _git(co, "rev-parse", "HEAD"), _git(co, "rev-parse", "HEAD^{tree}")
-    f = agent.facts(repo)
+    f = facts(repo)
     assert (f["head"], f["tree"], f["branch"], f["state_commit"]) == (head, tree, "main", None)
-    assert f["state"] == {"schema": 1, "applied": None, "pre_deploy": None} and agent.read_state(repo)[0] is None
+    assert f["state"] == {"schema": 1, "applied": None, "pre_deploy": None} and read_state(repo)[0] is None
     _git(co, "tag", "main")
-    assert agent.facts(repo)["branch"] == "heads/main"  # as `git symbolic-ref --short HEAD` has it
+    assert facts(repo)["branch"] == "heads/main"  # as `git symbolic-ref --short HEAD` has it
     _git(co, "checkout", "-q", "--detach")
-    assert agent.facts(repo)["branch"] is None
-    agent.update_section(repo, "tests", lambda _old: {"ok": True}, "a record")
+    assert facts(repo)["branch"] is None
+    update_section(repo, "tests", lambda _old: {"ok": True}, "a record")
     commit = _git(co, "rev-parse", "refs/ddeploy/state")
-    assert agent.read_state(repo) == (commit, {"schema": 1, "applied": None, "pre_deploy": None, "tests": {"ok": True}})
-    assert agent.facts(repo)["state_commit"] == commit
+    assert read_state(repo) == (commit, {"schema": 1, "applied": None, "pre_deploy": None, "tests": {"ok": True}})
+    assert facts(repo)["state_commit"] == commit
     for content in ("not json", None):  # a state.json that is not JSON, a record without one
         blob = _git(co, "hash-object", "-w", "--stdin", input=(content or "{}").encode())
         name = "state.json" if content else "other.json"
         record = _git(co, "mktree", input=f"100644 blob {blob}\t{name}\n".encode())
         _git(co, "update-ref", "refs/ddeploy/state", _git(co, "commit-tree", record, "-m", "bad"))
-        for read in (agent.read_state, agent.facts):
-            with pytest.raises(agent.Fail, match=f"refs/ddeploy/state in {co} has no readable state.json"):
+        for read in (read_state, facts):
+            with pytest.raises(Fail, match=f"refs/ddeploy/state in {co} has no readable state.json"):
                 read(repo)
     _git(co, "symbolic-ref", "HEAD", "refs/heads/unborn")
-    with pytest.raises(agent.Fail, match="has no commit checked out"):
-        agent.facts(repo)
+    with pytest.raises(Fail, match="has no commit checked out"):
+        facts(repo)

@@ -202,13 +202,14 @@ def test_real_release_pushes_and_rolls_back(hosts, ddeploy, real_release):
 
 
 def test_status_shows_kernel_builds_and_last_remote_test(hosts, ddeploy):
-    from deployer.transport import agent
+    from deployer.agent.repo import Repo
+    from deployer.agent.state import update_section
 
-    repo = agent.Repo(str(hosts.hosts[2].checkout))  # the agent's own record writer, run on the checkout
-    agent.update_section(
+    repo = Repo(str(hosts.hosts[2].checkout))  # the agent's own record writer, run on the checkout
+    update_section(
         repo, "builds", lambda _: {"sm_120": {"ok": True, "version": "0.1.0", "source_hash": "ab"}}, "build sm_120"
     )
-    agent.update_section(repo, "tests", lambda _: {"ok": False, "summary": "3 passed, 1 failed"}, "test")
+    update_section(repo, "tests", lambda _: {"ok": False, "summary": "3 passed, 1 failed"}, "test")
     r = ddeploy("status", "--host", "h3", "--json")
     row = json.loads(r.stdout)[0]["data"]
     assert row["builds"]["sm_120"]["ok"] is True and row["builds"]["sm_120"]["version"] == "0.1.0"

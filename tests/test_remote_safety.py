@@ -49,8 +49,9 @@ def wait_for(predicate, timeout=20.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def lock_dir(h) -> Path:
-    return h.checkout / ".git" / "ddeploy" / "lock"
+def holder(h) -> Path:
+    """The lock holder's record (the lock itself is an flock on deploy.lock beside it)."""
+    return h.checkout / ".git" / "ddeploy" / "deploy.lock.json"
 
 
 def test_hand_edit_blocks_push_and_rollback_until_forced_and_is_recoverable(hosts, ddeploy, patch_sets):
@@ -93,7 +94,7 @@ def test_racing_pushes_one_wins_the_other_names_the_holder(hosts, ddeploy, patch
     h1 = hosts.hosts[0]
     first = cli_process(hosts, "push", "--host", "h1", "--version", str(patch_sets["v1"]), pause="4")
     try:
-        wait_for(lambda: (lock_dir(h1) / "owner.json").exists(), what="the first push to take the lock")
+        wait_for(lambda: holder(h1).exists(), what="the first push to take the lock")
         r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v2"]))
         assert r.code == 7, r.stderr
         assert "is locked by" in r.stderr and "running `ddeploy" in r.stderr and "push --host h1" in r.stderr
@@ -103,7 +104,7 @@ def test_racing_pushes_one_wins_the_other_names_the_holder(hosts, ddeploy, patch
     assert first.returncode == 0, err
     assert (h1.checkout / STUB).read_text() == "VERSION = 1\n"
     assert h1.git("rev-parse", "HEAD~2") == hosts.base_commit and h1.git("status", "--porcelain") == ""
-    assert not lock_dir(h1).exists()
+    assert not holder(h1).exists()
 
 
 def _tree_is_old_or_new(h, base_tree: str) -> str:
@@ -116,13 +117,13 @@ def _tree_is_old_or_new(h, base_tree: str) -> str:
 def test_connection_cut_mid_push_leaves_old_or_new_and_the_next_push_completes(hosts, ddeploy, patch_sets):
     h1 = hosts.hosts[0]
     push = cli_process(hosts, "push", "--host", "h1", "--version", str(patch_sets["v1"]), pause="4")
-    wait_for(lambda: (lock_dir(h1) / "owner.json").exists(), what="the push to start on the host")
+    wait_for(lambda: holder(h1).exists(), what="the push to start on the host")
     h1.stop()
     _out, err = push.communicate(timeout=60)
     assert push.returncode == 5, err
     assert "[h1]" in err and "connection lost" in err
     assert _tree_is_old_or_new(h1, hosts.base_tree) == "old"  # cut before the switch
-    wait_for(lambda: not lock_dir(h1).exists(), what="the host to finish the transaction on its own")
+    wait_for(lambda: not holder(h1).exists(), what="the host to finish the transaction on its own")
     assert _tree_is_old_or_new(h1, hosts.base_tree) == "new"
     h1.start()
     r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"]))
@@ -133,8 +134,8 @@ def test_connection_cut_mid_push_leaves_old_or_new_and_the_next_push_completes(h
 def test_agent_killed_mid_push_is_reported_as_died_not_as_a_lost_connection(hosts, ddeploy, patch_sets):
     h1 = hosts.hosts[0]
     push = cli_process(hosts, "push", "--host", "h1", "--version", str(patch_sets["v1"]), pause="30")
-    wait_for(lambda: (lock_dir(h1) / "owner.json").exists(), what="the push to start on the host")
-    os.kill(json.loads((lock_dir(h1) / "owner.json").read_text())["pid"], signal.SIGKILL)
+    wait_for(lambda: holder(h1).exists(), what="the push to start on the host")
+    os.kill(json.loads(holder(h1).read_text())["pid"], signal.SIGKILL)
     _out, err = push.communicate(timeout=60)
     assert push.returncode == 6, err
     died = "the agent process on h1 died (killed by SIGKILL) during `push`; `ddeploy status --host h1` shows what it"
@@ -143,15 +144,37 @@ def test_agent_killed_mid_push_is_reported_as_died_not_as_a_lost_connection(host
     assert "connection lost" not in err
     assert _tree_is_old_or_new(h1, hosts.base_tree) == "old"  # killed before the switch
     r = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"]))
-    assert r.code == 0 and "broke the stale lock" in r.stderr, r.stderr
+    assert r.code == 0 and "ended without releasing the lock" in r.stderr, r.stderr
     assert (h1.checkout / VERSION_PY).read_text().endswith("# ddtree 0.1.0\n")
+
+
+def test_after_a_holder_is_killed_exactly_one_of_several_racing_pushes_proceeds(hosts, ddeploy, patch_sets):
+    """The race a directory-plus-pid lock loses: several runs find the same dead holder at once.
+    With flock the kernel dropped the dead holder's lock; exactly one racer takes it."""
+    h3 = hosts.hosts[2]
+    first = cli_process(hosts, "push", "--host", "h3", "--version", str(patch_sets["v1"]), pause="30")
+    wait_for(holder(h3).exists, what="the first push to take the lock")
+    os.kill(json.loads(holder(h3).read_text())["pid"], signal.SIGKILL)
+    first.communicate(timeout=60)
+    assert holder(h3).exists()  # the dead holder's record stays; its lock does not
+    racers = [
+        cli_process(hosts, "push", "--host", "h3", "--version", str(patch_sets["v1"]), pause="12") for _ in range(4)
+    ]
+    results = [(p.communicate(timeout=120)[1], p.returncode)[::-1] for p in racers]
+    winners = [err for code, err in results if code == 0]
+    losers = [err for code, err in results if code != 0]
+    assert len(winners) == 1, [code for code, _ in results]
+    assert "ended without releasing the lock" in winners[0]
+    assert all(("is locked by" in err and "push --host h3" in err) for err in losers), losers
+    assert (h3.checkout / VERSION_PY).read_text().endswith("# ddtree 0.1.0\n")
+    assert not holder(h3).exists()
 
 
 def test_deploy_killed_mid_switch_is_completed_by_the_next_push(hosts, ddeploy, patch_sets):
     h2 = hosts.hosts[1]
     push = cli_process(hosts, "push", "--host", "h2", "--version", str(patch_sets["v1"]), pause="mid_switch:30")
     wait_for(lambda: (h2.checkout / STUB).exists(), what="the switch to begin")
-    owner = json.loads((lock_dir(h2) / "owner.json").read_text())
+    owner = json.loads(holder(h2).read_text())
     os.kill(owner["pid"], signal.SIGKILL)  # the agent dies with the work tree half switched
     push.communicate(timeout=60)
     journal = json.loads((h2.checkout / ".git" / "ddeploy" / "journal.json").read_text())
@@ -163,7 +186,7 @@ def test_deploy_killed_mid_switch_is_completed_by_the_next_push(hosts, ddeploy, 
     assert "(stale)" in status.stderr
     r = ddeploy("push", "--host", "h2", "--version", str(patch_sets["v1"]))
     assert r.code == 0, r.stderr
-    assert "broke the stale lock" in r.stderr and "completing an interrupted push" in r.stderr
+    assert "ended without releasing the lock" in r.stderr and "completing an interrupted push" in r.stderr
     assert (h2.checkout / VERSION_PY).read_text().endswith("# ddtree 0.1.0\n")
     assert h2.git("status", "--porcelain", "--untracked-files=all") == ""
     assert h2.git("rev-parse", "HEAD~2") == hosts.base_commit
@@ -171,8 +194,8 @@ def test_deploy_killed_mid_switch_is_completed_by_the_next_push(hosts, ddeploy, 
 
 def test_lock_status_and_release(hosts, ddeploy, monkeypatch):
     h3 = hosts.hosts[2]
-    lock_dir(h3).mkdir(parents=True)
-    (lock_dir(h3) / "owner.json").write_text(
+    holder(h3).parent.mkdir(parents=True)
+    holder(h3).write_text(
         json.dumps(
             {
                 "by": "alice@laptop",
@@ -188,10 +211,10 @@ def test_lock_status_and_release(hosts, ddeploy, monkeypatch):
     assert re.search(r"held by alice@laptop pid 999999 running `ddeploy push` for 6\d\ds", r.stderr)
     monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
     r = ddeploy("lock", "release", "--host", "h3")  # asks first; "n" -> aborted, lock kept
-    assert r.code == 130 and "Release the deploy lock on h3?" in r.stderr and lock_dir(h3).exists()
+    assert r.code == 130 and "Release the deploy lock on h3?" in r.stderr and holder(h3).exists()
     r = ddeploy("lock", "release", "--host", "h3", "--yes")
     assert r.code == 0 and "released the lock of" in r.stderr
-    assert not lock_dir(h3).exists()
+    assert not holder(h3).exists()
 
 
 def test_tampered_or_escaping_patch_sets_are_refused_before_any_host(hosts, ddeploy, patch_sets, tmp_path):

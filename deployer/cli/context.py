@@ -14,7 +14,6 @@ from ..errors import UsageError
 
 if TYPE_CHECKING:
     from ..inventory import Host, Inventory
-    from ..transport.head_start import HeadStart
 
 
 @dataclass
@@ -22,7 +21,6 @@ class AppContext:
     argv: tuple[str, ...] = ()
     inventory_dir: str | None = None
     _inventory: "Inventory | None" = field(default=None, repr=False)
-    head_start: "HeadStart | None" = field(default=None, repr=False)  # console runs only: cli/__init__.py
 
     @property
     def command(self) -> str:

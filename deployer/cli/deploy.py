@@ -100,12 +100,7 @@ def _early_agents(ctx: click.Context, hosts):
     from ..transport.agent_client import EarlyAgents
 
     sel, app = selection(ctx), ctx.obj
-    head = app.head_start
-    if head is not None:
-        head.inventory_dir = app.inventory.directory  # what the hint for the next run depends on
-    return EarlyAgents(
-        hosts[: sel.parallel], accept_new_host_keys=sel.accept_new_host_keys, command=app.command, head=head
-    )
+    return EarlyAgents(hosts[: sel.parallel], accept_new_host_keys=sel.accept_new_host_keys, command=app.command)
 
 
 def _plan_report(ctx: click.Context, describe):
@@ -205,7 +200,7 @@ def lock_status(ctx):
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
 def lock_release(ctx, yes):
-    """Remove a stale lock (asks first unless --yes)."""
+    """Remove a dead holder's record (asks first unless --yes); a running holder keeps its lock."""
     from ..ops.deploy import lock_release_host
 
     sel = selection(ctx)
@@ -226,7 +221,13 @@ def lock_release(ctx, yes):
 @click.pass_obj
 def hosts(app: AppContext, as_json):
     """List the inventory's hosts (and the built-in `local`)."""
-    inv = app.inventory
+    from ..inventory import Inventory, NoInventoryError
+
+    try:
+        inv = app.inventory
+    except NoInventoryError:  # a new user: `local` works without one
+        inv = Inventory.builtin()
+        say(_no_inventory_note())
     if as_json:
         emit_json([{**h.model_dump(mode="json"), "source": h.source} for h in inv.hosts.values()])
         return
@@ -243,6 +244,31 @@ def hosts(app: AppContext, as_json):
         for h in inv.hosts.values()
     ]
     say(table(rows, ["host", "target", "gpus", "arch", "link", "checkout", "groups"]))
+
+
+def _no_inventory_note() -> str:
+    from ..locations import inventory_candidates
+
+    where = ", ".join(str(c) for c in inventory_candidates())
+    return (
+        f"no inventory yet, so only the built-in `local` host: host files are read from -i DIR, "
+        f"$DDEPLOY_HOSTS_DIR, else the first of {where} that exists; `ddeploy init` writes an example host "
+        f"file into ./hosts"
+    )
+
+
+@cli.command()
+@click.option("--force", is_flag=True, help="Overwrite an existing example file.")
+@click.pass_obj
+def init(app: AppContext, force):
+    """Write a commented example host file to start an inventory from (-i DIR, else ./hosts)."""
+    from pathlib import Path
+
+    from ..inventory_example import write_example
+
+    directory = Path(app.inventory_dir) if app.inventory_dir else Path.cwd() / "hosts"
+    path = write_example(directory, force=force)
+    say(f"wrote {path}: copy it to <name>.yaml in {directory} (one file per host), edit it, then `ddeploy hosts`")
 
 
 def _target(h) -> str:

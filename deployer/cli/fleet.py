@@ -29,11 +29,8 @@ def run(
     from .progress import Progress
     from .views import summary, summary_table
 
-    from . import resume_gc
-
     hosts = sel.hosts(app) if hosts is None else hosts
     progress = Progress(len(hosts), lambda r: summary(r, describe))
-    resume_gc()
     try:
         results = run_fleet(hosts, op, parallel=sel.parallel, fail_fast=sel.fail_fast, events=progress)
     finally:

@@ -1,6 +1,6 @@
 """Deploy operations on one host: plan, push, status, rollback, log, lock status/release.
 
-Each is one agent session (one SSH connection): the agent (deployer/transport/agent.py) does the
+Each is one agent session (one SSH connection): the agent (deployer/agent/) does the
 host-side work as one transaction and owns the on-disk format; this module only builds requests
 and returns the typed replies.
 """

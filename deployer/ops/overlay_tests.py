@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import sys
 import time
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..agent.overlay_tests import TEST_DIR, describe_totals, junit_totals, pytest_argv
 from ..transport.connection import LocalConnection
 from ..errors import DeployError, OverlayTestsFailed
 from ..inventory import Host, local_host
@@ -27,8 +27,6 @@ from ..transport.agent_client import AgentSession, agent_session
 from ..transport.protocol import TestRecord, TestReply
 from .deploy import Options, ensure_local_checkout, push_with
 from .outcome import Outcome, Say
-
-TEST_DIR = "test/srt/ddtree"
 
 
 @dataclass(frozen=True)
@@ -62,23 +60,18 @@ class JUnitSummary:
         return self.failed == 0 and self.errors == 0 and self.tests > 0
 
     def describe(self) -> str:
-        return (
-            f"{self.passed} passed, {self.failed} failed, {self.skipped} skipped, {self.errors} errors "
-            f"in {self.duration:.1f}s"
-        )
+        return describe_totals(self.__dict__)  # the agent's wording, for local and remote runs alike
 
 
 def parse_junit(path: Path) -> JUnitSummary:
-    """Totals over every <testsuite> of a pytest JUnit report."""
+    """Totals over every <testsuite> of a pytest JUnit report (the agent's reading of it)."""
     try:
-        root = ET.parse(path).getroot()  # noqa: S314 - our own pytest's report
-    except (ET.ParseError, OSError) as exc:
-        raise DeployError(f"cannot read the JUnit report {path}: {exc}") from None
-    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
-    total = {k: sum(int(s.get(k, 0) or 0) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
-    duration = sum(float(s.get("time", 0) or 0) for s in suites)
-    passed = total["tests"] - total["failures"] - total["errors"] - total["skipped"]
-    return JUnitSummary(total["tests"], passed, total["failures"], total["errors"], total["skipped"], duration)
+        totals = junit_totals(path.read_text(errors="replace"))
+    except OSError as exc:
+        raise DeployError(f"cannot read the JUnit report {path}: {exc.strerror}") from None
+    if totals is None:
+        raise DeployError(f"cannot read the JUnit report {path}: not a JUnit XML file") from None
+    return JUnitSummary(**totals)
 
 
 def stamp() -> str:
@@ -144,23 +137,7 @@ def test_local(opts: TestOptions, say: Say) -> Outcome:
     local = opts.reports / "local" / f"{stamp()}.xml"
     local.parent.mkdir(parents=True, exist_ok=True)
     say(f"running {overlay / TEST_DIR} with {sys.executable}" + (f" (-k {opts.expr})" if opts.expr else ""))
-    argv = [
-        "sh",
-        "-c",
-        'exec "$@" 1>&2',
-        "sh",
-        sys.executable,
-        "-m",
-        "pytest",
-        TEST_DIR,
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "-o",
-        "junit_family=xunit2",
-        f"--junitxml={local}",
-        *(["-k", opts.expr] if opts.expr else []),
-    ]
+    argv = ["sh", "-c", 'exec "$@" 1>&2', "sh", *pytest_argv(sys.executable, str(local), opts.expr)]
     res = conn.run(argv, cwd=str(overlay), check=False, stream=say)
     summary = parse_junit(local) if local.exists() else None
     totals = {} if summary is None else {**summary.__dict__, "summary": summary.describe()}

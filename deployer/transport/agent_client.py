@@ -1,15 +1,16 @@
-"""Talk to the host-side agent (deployer/transport/agent.py): one JSON request in, one JSON reply out.
+"""Talk to the host-side agent (deployer/agent/): one JSON request in, one JSON reply out.
 
 The agent is stdlib-only and runs with the host's inventory `python` as `python -S -c BOOTSTRAP
 OP` (-S: no site-packages, whose .pth hooks can cost more than the agent's work). BOOTSTRAP is one
 fixed line that reads the program from stdin: first its length, then the boot program with the
-agent's source as a bytes literal; the request (JSON) follows it on stdin. So nothing has to be
+agent's modules as a bundle ({module: source} literal, imported from memory); the request (JSON)
+follows it on stdin. So nothing has to be
 installed on a host, client and agent can never be out of step, neither the source nor the request
 shows in `ps` on the host, and the agent can start before the request exists: an EarlyAgents
 opens the connections and starts the agents while the client still prepares the request (the SSH
 handshake, the host's login shell and Python's start-up then overlap with the client's own work).
 The boot program keeps the agent's bytecode in ~/.cache/ddeploy/agent/ on the host (one file per
-agent source and Python, like __pycache__), so a call does not compile its 1,600 lines again.
+bundle and Python, like __pycache__), so a call does not compile its 1,900 lines again.
 Every reply is validated into its model from deployer/transport/protocol.py.
 
     with agent_session(host, accept_new_host_keys=False) as agent:   # one SSH connection
@@ -30,41 +31,80 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from .. import errors
-from .connection import Connection, StartedCommand, killed_by, last_line, open_connection
+from ..agent.common import last_text_line
+from .connection import Connection, StartedCommand, killed_by, open_connection
 
 if TYPE_CHECKING:
     from ..inventory import Host
-    from .head_start import HeadStart
 
-AGENT_PATH = Path(__file__).with_name("agent.py")
+AGENT_PACKAGE = Path(__file__).resolve().parent.parent / "agent"  # deployer/agent/, stdlib only
+HOST_PACKAGE = "ddeploy_agent"  # its name on the host
 R = TypeVar("R")
 
 
-# Python >= 3.8 and the standard library, like the agent. The cache file's name is a hash of the
-# source and the interpreter, so a changed agent or another Python never loads stale bytecode.
+# Python >= 3.8 and the standard library, like the agent. The agent travels as a bundle, {module
+# name: source}, imported from memory by a meta path finder (as zipimport would from a zip, or
+# Ansible's AnsiballZ payload): a readable package here, one program on the wire. The compiled
+# bundle is cached under a hash of the sources and the interpreter, so a changed agent or another
+# Python never loads stale bytecode.
 BOOT = b"""import hashlib, marshal, os, sys
 
+PACKAGE = "ddeploy_agent"
 
-def _agent_code(src):
+
+def _agent_codes(sources):
     tag = "%s %s %d" % (sys.version, sys.implementation.cache_tag, sys.flags.optimize)
-    key = hashlib.sha256(src + tag.encode()).hexdigest()[:40]
+    digest = hashlib.sha256(tag.encode())
+    for name in sorted(sources):
+        digest.update(name.encode() + b"\\0" + sources[name] + b"\\0")
     cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ddeploy", "agent")
-    path = os.path.join(cache, key + ".marshal")
+    path = os.path.join(cache, digest.hexdigest()[:40] + ".marshal")
     try:
         with open(path, "rb") as fh:
-            return marshal.loads(fh.read())
+            codes = marshal.loads(fh.read())
+        if isinstance(codes, dict) and sorted(codes) == sorted(sources):
+            return codes
     except (OSError, ValueError, EOFError, TypeError):
         pass
-    code = compile(src, "ddeploy-agent", "exec")
+    codes = {}
+    for name, src in sources.items():
+        codes[name] = compile(src, "<ddeploy-agent>/%s.py" % name.replace(".", "/"), "exec")
     try:
         os.makedirs(cache, mode=0o700, exist_ok=True)
         tmp = "%s.%d.tmp" % (path, os.getpid())
         with open(tmp, "wb") as fh:
-            fh.write(marshal.dumps(code))
+            fh.write(marshal.dumps(codes))
         os.replace(tmp, path)
     except OSError:
         pass  # an unwritable home only costs the compile
-    return code
+    return codes
+
+
+class _Bundle:
+    \"\"\"A meta path finder and loader for the agent's modules, compiled from the bundle.\"\"\"
+
+    def __init__(self, codes):
+        self.codes = codes
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.codes:
+            return None
+        from importlib.machinery import ModuleSpec
+
+        return ModuleSpec(fullname, self, is_package=fullname == PACKAGE)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        exec(self.codes[module.__spec__.name], module.__dict__)
+
+
+def _run(sources):
+    sys.meta_path.insert(0, _Bundle(_agent_codes(sources)))
+    from ddeploy_agent.main import main
+
+    sys.exit(main(sys.argv))
 
 
 """
@@ -76,19 +116,20 @@ BOOTSTRAP = "import sys; exec(sys.stdin.buffer.read(int(sys.stdin.buffer.readlin
 
 
 @functools.cache  # read once per process, not once per agent call on every host
-def agent_source() -> bytes:
-    return AGENT_PATH.read_bytes()
+def agent_sources() -> dict[str, bytes]:
+    """The bundle: {module name on the host: source} for every module of deployer/agent/."""
+    sources = {}
+    for path in sorted(AGENT_PACKAGE.glob("*.py")):
+        if path.name != "__main__.py":
+            name = HOST_PACKAGE if path.stem == "__init__" else f"{HOST_PACKAGE}.{path.stem}"
+            sources[name] = path.read_bytes()
+    return sources
 
 
 @functools.cache
 def agent_program() -> bytes:
-    """The boot program and the agent's source; the agent runs in its own namespace (so its
-    `if __name__ == "__main__"` stays false) and reads the request from stdin."""
-    return (
-        BOOT
-        + b'_ns = {"__name__": "ddeploy_agent"}\nexec(_agent_code(%s), _ns)\nsys.exit(_ns["main"](sys.argv))\n'
-        % (repr(agent_source()).encode())
-    )
+    """The boot program and the bundle; the agent reads the request from stdin."""
+    return BOOT + b"_run(%s)\n" % repr(agent_sources()).encode()
 
 
 def agent_argv(python: str, op: str) -> list[str]:
@@ -143,14 +184,9 @@ class AgentSession:
     def _start(self, op: str) -> StartedCommand:
         return self.conn.start(agent_argv(self.host.python, op), first_input=agent_stdin())
 
-    def start(self, op: str, bootstrap: StartedCommand | None = None) -> None:
-        """Start the agent for the next `op` call now; the call then only sends its request.
-        `bootstrap`: the BOOTSTRAP for `op`, already running and waiting for its program."""
-        if bootstrap is None:
-            self._started[op] = self._start(op)
-        else:
-            bootstrap.send(agent_stdin())
-            self._started[op] = bootstrap
+    def start(self, op: str) -> None:
+        """Start the agent for the next `op` call now; the call then only sends its request."""
+        self._started[op] = self._start(op)
 
     def _raw(self, op: str, request: dict[str, Any], stream, timeout) -> dict[str, Any]:
         req = {"op": op, "checkout": self.host.checkout, "by": who(), "command": self.command, **request}
@@ -164,7 +200,7 @@ class AgentSession:
                 host=self.host.name,
             )
         if res.rc != 0 or not lines:
-            raise self._fail(f"failed with exit {res.rc}: {last_line(res.stderr)} (Python >= 3.8 needed)")
+            raise self._fail(f"failed with exit {res.rc}: {last_text_line(res.stderr)} (Python >= 3.8 needed)")
         try:
             reply = json.loads(lines[-1])
         except ValueError:
@@ -226,13 +262,8 @@ class EarlyAgents:
         *,
         accept_new_host_keys: bool = False,
         command: str = "ddeploy",
-        head: HeadStart | None = None,
     ):
         self.accept_new_host_keys, self.command = accept_new_host_keys, command
-        # A head start (head_start.py) has connections for a repeated command line; none with
-        # --accept-new-host-keys, which may write known_hosts.
-        self.head = None if accept_new_host_keys else head
-        self._hosts = hosts
         self._lock = threading.Lock()
         self._go = threading.Event()
         self._op: str | None = None
@@ -246,37 +277,17 @@ class EarlyAgents:
             thread = threading.Thread(target=self._open, args=(host, future), name=f"early-{host.name}", daemon=True)
             thread.start()
 
-    def _connect(self, host: Host) -> tuple[Connection, StartedCommand | None]:
-        """The host's head-start connection (and the bootstrap it started) when it has one, else
-        a new connection."""
-        taken = self.head.take(host) if self.head is not None else None
-        if taken is not None:
-            try:
-                conn, bootstrap = taken.result()
-            except errors.ConnectError:
-                raise  # made with this host's own settings: its answer
-            except BaseException:  # noqa: BLE001, S110 - anything else: connect as without a head start
-                pass
-            else:
-                conn.host = host  # the record it was made from is this host's: the model takes over
-                return conn, bootstrap
-        return open_connection(host, accept_new_host_keys=self.accept_new_host_keys), None
-
     def _open(self, host: Host, future: Future) -> None:
         try:
-            conn, bootstrap = self._connect(host)
+            conn = open_connection(host, accept_new_host_keys=self.accept_new_host_keys)
             session = AgentSession(conn, host, self.command)
         except BaseException as exc:  # noqa: BLE001 - handed to whoever takes the session
             future.set_exception(exc)
             return
         self._go.wait()  # start() or close()
         try:
-            wanted = self._op is not None and not self._closed
-            if bootstrap is not None and not (wanted and self._op == self.head.op):
-                bootstrap.abandon()  # started for another op, or for nothing
-                bootstrap = None
-            if wanted:
-                session.start(self._op, bootstrap)
+            if self._op is not None and not self._closed:
+                session.start(self._op)
         except BaseException as exc:  # noqa: BLE001
             session.conn.close()
             future.set_exception(exc)
@@ -294,8 +305,6 @@ class EarlyAgents:
         than that to answer does not hold up the client)."""
         self._op = op
         self._go.set()
-        if self.head is not None:
-            self.head.remember(op, self._hosts)
         deadline = time.monotonic() + wait
         for future in list(self._futures.values()):
             try:
@@ -320,8 +329,6 @@ class EarlyAgents:
             if future.done() and future.exception() is None:
                 future.result().conn.close()
             # not done yet: _open closes it when it gets there
-        if self.head is not None:
-            self.head.close()
 
     def __enter__(self) -> "EarlyAgents":
         return self

@@ -1,14 +1,13 @@
-"""Connections to hosts: one interface for this machine (subprocess) and SSH hosts (paramiko for
-commands, the system `rsync` over `ssh -F <same ssh_config>` for transfers).
+"""Connections to hosts: one interface for this machine (subprocess) and SSH hosts (Fabric).
 
     with open_connection(host) as conn:
         res = conn.run(["git", "-C", host.checkout, "rev-parse", "HEAD"])   # RunResult(rc, stdout, stderr)
-        conn.rsync_to(Path("local/dir/"), f"{host.checkout}/.git/ddeploy/x/")
 
 Commands are argv lists, quoted with shlex before they reach the remote shell. Host keys are
-checked strictly against known_hosts (the ssh_config's UserKnownHostsFile, else
-~/.ssh/known_hosts); `accept_new_host_keys=True` records an unknown key there, a changed key is
-always refused. Connection failures raise ConnectError with one line naming the host.
+checked strictly on every hop against known_hosts (deployer/transport/ssh.py);
+`accept_new_host_keys=True` records an unknown key there, a changed key is always refused. A
+refused or timed-out connect is tried again (with_retries); failures raise ConnectError with one
+line naming the host.
 """
 
 from __future__ import annotations
@@ -24,19 +23,19 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
-
-from .ssh_config import Hop, load_ssh_config, resolve_hop  # first: it imports paramiko without invoke
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import paramiko
 from paramiko.ssh_exception import AuthenticationException, BadHostKeyException, NoValidConnectionsError, SSHException
 
+from ..agent.common import last_text_line
 from ..errors import ConnectError, RemoteCommandError
 
-if TYPE_CHECKING:  # not at run time: a head start (head_start.py) connects before pydantic loads
+if TYPE_CHECKING:
     from ..inventory import Host
 
 Stream = Callable[[str], None]
+T = TypeVar("T")
 # paramiko's transport thread logs its own tracebacks (e.g. a banner timeout) through the root
 # logger's last-resort handler; every failure already becomes one ConnectError line.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
@@ -49,11 +48,14 @@ class Timeouts:
     auth: float = 15.0
     command: float | None = None  # default per-command limit (None: no limit)
     keepalive: int = 15  # seconds between keepalives; a dead peer is noticed
+    retries: int = 3  # connects tried again after a refusal or a timeout (a host rebooting)
+    backoff: float = 1.0  # seconds before the first retry; doubled before each next one
 
     @classmethod
     def from_env(cls) -> "Timeouts":
-        """Defaults, overridden by DDEPLOY_{CONNECT,BANNER,AUTH,COMMAND}_TIMEOUT (seconds)."""
-        values = {}
+        """Defaults, overridden by DDEPLOY_{CONNECT,BANNER,AUTH,COMMAND}_TIMEOUT (seconds),
+        DDEPLOY_CONNECT_RETRIES (a count) and DDEPLOY_CONNECT_BACKOFF (seconds)."""
+        values: dict = _retry_settings()
         for name in ("connect", "banner", "auth", "command"):
             raw = os.environ.get(f"DDEPLOY_{name.upper()}_TIMEOUT")
             if raw:
@@ -67,6 +69,47 @@ class Timeouts:
                         f"(must be positive and finite)"
                     )
         return cls(**values)
+
+
+def _retry_settings() -> dict:
+    values: dict = {}
+    for name, key, kind in (("retries", "DDEPLOY_CONNECT_RETRIES", int), ("backoff", "DDEPLOY_CONNECT_BACKOFF", float)):
+        raw = os.environ.get(key)
+        if not raw:
+            continue
+        try:
+            values[name] = kind(raw)
+        except ValueError:
+            values[name] = -1
+        if not 0 <= values[name] < 1000:
+            raise ConnectError(f"{key}={raw!r} is not a {kind.__name__} between 0 and 1000")
+    return values
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A connect that may work a moment later: refused (sshd not up yet, directly or through a
+    jump host) or timed out. Never an authentication or host-key failure."""
+    if isinstance(exc, (AuthenticationException, BadHostKeyException)):
+        return False
+    if isinstance(exc, paramiko.ChannelException):  # a jump host could not reach the next hop
+        return True
+    return isinstance(exc, (NoValidConnectionsError, ConnectionRefusedError, socket.timeout, TimeoutError))
+
+
+def with_retries(connect: Callable[[], T], timeouts: Timeouts) -> tuple[T, int]:
+    """connect(), tried again after a transient failure (is_transient) up to timeouts.retries
+    times, waiting backoff, 2x backoff, ...; the result and the number of attempts. Raises the
+    last failure with `attempts` set on it."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return connect(), attempt
+        except Exception as exc:
+            if attempt > timeouts.retries or not is_transient(exc):
+                exc.attempts = attempt  # type: ignore[attr-defined]
+                raise
+        time.sleep(timeouts.backoff * 2 ** (attempt - 1))
 
 
 @dataclass(frozen=True)
@@ -103,21 +146,12 @@ def _env_prefix(env: dict[str, str] | None) -> list[str]:
     return ["env", *(f"{k}={v}" for k, v in env.items())] if env else []
 
 
-def last_line(*texts: str, default: str = "no output") -> str:
-    """The last line of the first text that has one (stderr, then stdout): the gist of a failure."""
-    for text in texts:
-        lines = text.strip().splitlines()
-        if lines:
-            return lines[-1]
-    return default
-
-
 def _check(host: str, argv: list[str], res: RunResult, check: bool) -> RunResult:
     what = f"`{argv[0]} {' '.join(argv[1:3])}...`"
     if check and res.signal:
         raise RemoteCommandError(f"{what} was killed by {killed_by(res.signal)}", host=host)
     if check and res.rc != 0:
-        last = last_line(res.stderr, res.stdout)
+        last = last_text_line(res.stderr, res.stdout)
         raise RemoteCommandError(f"{what} exited {res.rc}: {last}", host=host)
     return res
 
@@ -149,13 +183,6 @@ class StartedCommand:
 
     def __init__(self, conn: "Connection", argv: list[str], cwd: str | None, env: dict[str, str] | None, first: bytes):
         self.conn, self.argv, self.cwd, self.env, self.first_input = conn, argv, cwd, env, first
-
-    def send(self, data: bytes) -> None:
-        """More of stdin, before `finish`."""
-        self.first_input += data
-
-    def abandon(self) -> None:
-        """Never finished: the command sees the end of its input (and nothing ran yet, here)."""
 
     def finish(
         self,
@@ -199,15 +226,6 @@ class Connection:
         """Start argv now with the first part of its stdin; `.finish(rest)` for the result."""
         return StartedCommand(self, argv, cwd, env, first_input)
 
-    def rsync_to(
-        self, local_path: Path | str, remote_path: str, *, delete: bool = False, checksum: bool = False
-    ) -> None:
-        """Copy like `rsync -a` (checksum=True compares contents, not size and mtime)."""
-        raise NotImplementedError
-
-    def rsync_from(self, remote_path: str, local_path: Path | str) -> None:
-        raise NotImplementedError
-
     def close(self) -> None:
         pass
 
@@ -216,18 +234,6 @@ class Connection:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def _rsync(self, src: str, dst: str, ssh_cmd: list[str] | None, delete: bool, checksum: bool = False) -> None:
-        argv = ["rsync", "-a", "--mkpath", *(["--delete"] if delete else []), *(["--checksum"] if checksum else [])]
-        if ssh_cmd:
-            # -s (--protect-args): the remote path reaches rsync verbatim, never the remote shell (an
-            # rsync before 3.2.4 would run `$(...)` in it; 3.2.7 still drops `...` backtick spans).
-            argv += ["-s", "-e", quote_argv(ssh_cmd)]
-        proc = subprocess.run([*argv, "--", src, dst], capture_output=True, text=True)
-        if proc.returncode != 0:
-            last = last_line(proc.stderr)
-            err = ConnectError if proc.returncode == 255 else RemoteCommandError
-            raise err(f"rsync {src} -> {dst} failed (exit {proc.returncode}): {last}", host=self.name)
 
 
 class LocalConnection(Connection):
@@ -255,12 +261,6 @@ class LocalConnection(Connection):
             name = signal.Signals(-proc.returncode).name
             return _check(self.name, argv, RunResult(signal_rc(name), out, err, signal=name[3:]), check)
         return _check(self.name, argv, RunResult(proc.returncode, out, err), check)
-
-    def rsync_to(self, local_path, remote_path, *, delete=False, checksum=False):
-        self._rsync(str(local_path), str(remote_path), None, delete, checksum)
-
-    def rsync_from(self, remote_path, local_path):
-        self._rsync(str(remote_path), str(local_path), None, False)
 
 
 def _pump_local(
@@ -306,91 +306,54 @@ def _feed_stdin(pipe, data: bytes) -> None:
         pass
 
 
-class _RecordNewKey(paramiko.MissingHostKeyPolicy):
-    """`--accept-new-host-keys`: remember an unknown key and append it to known_hosts."""
-
-    def __init__(self, known_hosts: Path):
-        self.known_hosts = known_hosts
-
-    def missing_host_key(self, client, hostname, key):
-        self.known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        entry = paramiko.hostkeys.HostKeyEntry([hostname], key)
-        with open(self.known_hosts, "a") as fh:
-            fh.write(entry.to_line())
-        client.get_host_keys().add(hostname, key.get_name(), key)
-
-
 class SSHConnection(Connection):
-    """An SSH host: paramiko (settings from the ssh_config, deployer/transport/ssh_config.py) for
-    commands, rsync for files."""
+    """An SSH host: a fabric.Connection (deployer/transport/ssh.py: ssh_config, ProxyJump hops,
+    strict host keys on every hop)."""
 
     def __init__(self, host: Host, *, accept_new_host_keys: bool = False, timeouts: Timeouts = Timeouts()):
-        self.host, self.timeouts = host, timeouts
-        self.clients: list[paramiko.SSHClient] = []  # the ProxyJump hops first, the host last
-        self.ssh_config_path = _ssh_config_path(host)
-        try:
-            self.hop = self._resolve(host)
-        except (paramiko.SSHException, ValueError, OSError) as exc:  # ConfigParseError, a non-integer Port, ...
-            where = f"ssh_config {self.ssh_config_path}" if self.ssh_config_path else "the ssh settings"
-            raise ConnectError(
-                f"{where} cannot be used for {host.ssh.host}: {type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}; fix it",
-                host=host.name,
-            ) from None
-        self.known_hosts = _known_hosts_path(self.hop.options)
-        self._open(accept_new_host_keys)
+        from . import ssh
 
-    def _resolve(self, host: Host) -> Hop:
-        """The host's connection settings (and its ProxyJump hops) from the ssh_config."""
-        spec = host.ssh
-        if spec.identity and not Path(spec.identity).expanduser().is_file():
+        self.host, self.timeouts = host, timeouts
+        if host.ssh.identity and not Path(host.ssh.identity).expanduser().is_file():
             raise ConnectError(
-                f"identity file {Path(spec.identity).expanduser()} (ssh.identity in {host.source}) does not "
+                f"identity file {Path(host.ssh.identity).expanduser()} (ssh.identity in {host.source}) does not "
                 f"exist; fix the path or create the key",
                 host=host.name,
             )
-        identity = str(Path(spec.identity).expanduser()) if spec.identity else None
-        config = load_ssh_config(self.ssh_config_path)
-        return resolve_hop(config, spec.host, user=spec.user, port=spec.port, identity=identity, jump=spec.jump)
-
-    def _open(self, accept_new: bool) -> None:
-        target = self.hop.target
-        if self.hop.gateway is not None:
-            target += f" (via ProxyJump {self.hop.gateway.target})"
+        self.config = ssh.ssh_config_for(host, timeouts)
+        self.fabric = self._chain(accept_new_host_keys)  # the target: user, host, port, gateway
         try:
-            self.transport = self._connect(self.hop, accept_new, is_target=True)
+            self.fabric, _ = with_retries(lambda: self._open_fresh(accept_new_host_keys), timeouts)
         except Exception as exc:  # noqa: BLE001 - every failure becomes one clear line
-            self.close()
-            raise ConnectError(describe_connect_error(exc, target), host=self.name) from None
+            where = getattr(exc, "hop", None) or ssh.target(self.fabric)
+            message = describe_connect_error(exc, where) + _attempts(exc)
+            raise ConnectError(message, host=self.name) from None
+        self.transport = self.fabric.transport
         self.transport.set_keepalive(self.timeouts.keepalive)
         _keep_exit_signals(self.transport)
 
-    def _connect(self, hop: Hop, accept_new: bool, is_target: bool = False) -> paramiko.Transport:
-        """Connect to `hop` (through its gateway), strict host keys on every hop."""
-        sock = None
-        timeout = int(self.timeouts.connect) if is_target else (hop.connect_timeout or int(self.timeouts.connect))
-        if hop.gateway is not None:
-            through = self._connect(hop.gateway, accept_new)
-            sock = through.open_channel("direct-tcpip", (hop.hostname, hop.port), ("", 0), timeout=timeout)
-        elif hop.proxy_command:
-            sock = paramiko.ProxyCommand(hop.proxy_command)
-        client = paramiko.SSHClient()
-        self.clients.append(client)
-        if self.known_hosts.exists():
-            client.load_host_keys(str(self.known_hosts))
-        client.set_missing_host_key_policy(_RecordNewKey(self.known_hosts) if accept_new else paramiko.RejectPolicy())
-        client.connect(
-            hop.hostname,
-            port=hop.port,
-            username=hop.user,
-            key_filename=list(hop.key_filenames) or None,
-            timeout=timeout,
-            sock=sock,
-            banner_timeout=self.timeouts.banner,
-            auth_timeout=self.timeouts.auth,
-            **({"allow_agent": False} if is_target else {}),
-        )
-        return client.get_transport()
+    def _chain(self, accept_new: bool):
+        from . import ssh
+
+        try:
+            return ssh.connection_chain(self.config, self.host, self.timeouts, accept_new_host_keys=accept_new)
+        except (paramiko.SSHException, ValueError) as exc:  # `Port abc`, a bad ProxyJump port, ...
+            raise ssh.config_error(self.host, exc) from None
+
+    def _open_fresh(self, accept_new: bool):
+        """One attempt at the whole chain, with new clients, each hop opened in turn (so a failure
+        names its hop: exc.hop); a failed attempt leaves none open."""
+        from . import ssh
+
+        conn = self._chain(accept_new)
+        for hop in ssh.hops(conn):
+            try:
+                hop.open()  # a hop after the first goes through the one before it (Fabric's gateway)
+            except BaseException as exc:
+                ssh.close_chain(conn)
+                exc.hop = ssh.describe_hop(hop, conn)  # type: ignore[attr-defined]
+                raise
+        return conn
 
     def run(self, argv, *, cwd=None, env=None, check=True, timeout=None, stream=None, input=None):
         return self.start(argv, cwd=cwd, env=env).finish(input, check=check, timeout=timeout, stream=stream)
@@ -400,6 +363,9 @@ class SSHConnection(Connection):
         line = quote_argv(words)
         if cwd:
             line = f"cd {shlex.quote(str(cwd))} && {line}"
+        # A raw paramiko channel, not Fabric's run(): the agent protocol sends stdin in two parts
+        # (the program at start, the request later), streams stderr lines as progress while it
+        # runs, and tells a killed process (exit-signal) from a cut connection.
         try:
             chan = self.transport.open_session()
             chan.exec_command(line)
@@ -409,52 +375,11 @@ class SSHConnection(Connection):
             raise _lost(self.name, argv, exc) from None
         return _StartedChannel(self, argv, chan)
 
-    def ssh_command(self) -> list[str]:
-        """The system ssh with the same config, strict host keys and no prompts (for rsync)."""
-        spec = self.host.ssh
-        cmd = ["ssh"]
-        if self.ssh_config_path:
-            cmd += ["-F", str(self.ssh_config_path)]
-        cmd += [
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            f"UserKnownHostsFile={self.known_hosts}",
-            "-o",
-            f"ConnectTimeout={int(self.timeouts.connect)}",
-            "-o",
-            f"ServerAliveInterval={self.timeouts.keepalive}",
-        ]
-        if spec.port:
-            cmd += ["-p", str(spec.port)]
-        if spec.user:
-            cmd += ["-l", spec.user]
-        if spec.identity:
-            cmd += ["-i", str(Path(spec.identity).expanduser())]
-        if spec.jump:
-            cmd += ["-J", spec.jump]
-        return cmd
-
-    def _remote(self, path: str) -> str:
-        # rsync parses "host:path" ("a::b" would mean an rsync daemon, so IPv6 goes in brackets);
-        # with -s the path is not given to the remote shell.
-        address = self.host.ssh.host
-        return f"[{address}]:{path}" if ":" in address else f"{address}:{path}"
-
-    def rsync_to(self, local_path, remote_path, *, delete=False, checksum=False):
-        self._rsync(str(local_path), self._remote(str(remote_path)), self.ssh_command(), delete, checksum)
-
-    def rsync_from(self, remote_path, local_path):
-        self._rsync(self._remote(str(remote_path)), str(local_path), self.ssh_command(), False)
-
     def close(self) -> None:
-        for client in reversed(getattr(self, "clients", [])):  # the host, then the hops it went through
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001, S110 - closing a broken connection must not raise
-                pass
+        from . import ssh
+
+        if getattr(self, "transport", None) is not None:
+            ssh.close_chain(self.fabric)
 
 
 def _lost(host: str, argv: list[str], exc: BaseException) -> ConnectError:
@@ -466,15 +391,6 @@ class _StartedChannel(StartedCommand):
 
     def __init__(self, conn: "SSHConnection", argv: list[str], chan: paramiko.Channel):
         self.conn, self.argv, self.chan = conn, argv, chan
-
-    def send(self, data):
-        try:
-            self.chan.sendall(data)
-        except (SSHException, OSError, EOFError) as exc:
-            raise _lost(self.conn.name, self.argv, exc) from None
-
-    def abandon(self):
-        self.chan.close()
 
     def finish(self, input=None, *, check=True, timeout=None, stream=None):
         timeout = timeout if timeout is not None else self.conn.timeouts.command
@@ -547,6 +463,11 @@ def _pump_channel(
     return RunResult(rc, out.decode(errors="replace"), err.decode(errors="replace"))
 
 
+def _attempts(exc: BaseException) -> str:
+    n = getattr(exc, "attempts", 1)
+    return f" (tried {n} times)" if n > 1 else ""
+
+
 def describe_connect_error(exc: BaseException, target: str) -> str:
     """One line for a failed connect: what happened and what to do next."""
     msg = str(exc)
@@ -573,32 +494,6 @@ def describe_connect_error(exc: BaseException, target: str) -> str:
     if isinstance(exc, OSError):
         return f"cannot connect to {target}: {exc.strerror or exc}"
     return f"cannot connect to {target}: {type(exc).__name__}: {msg.splitlines()[0] if msg else ''}"
-
-
-def _ssh_config_path(host: Host) -> Path | None:
-    """Which ssh_config applies (like `ssh -F`, it replaces the user's): the host's `ssh.config`
-    (relative to its YAML file), else $DDEPLOY_SSH_CONFIG, else `ssh_config` next to the host files
-    (inventory level), else the user's ~/.ssh/config, else none."""
-    host_dir = Path(host.source).parent if host.source and not host.source.startswith("<") else None
-    explicit = host.ssh.config if host.ssh else None
-    for cand in (explicit, os.environ.get("DDEPLOY_SSH_CONFIG")):
-        if cand:
-            path = Path(cand).expanduser()
-            if not path.is_absolute() and host_dir is not None:
-                path = host_dir / path
-            if not path.is_file():
-                raise ConnectError(f"ssh_config {path} (from {host.source}) does not exist", host=host.name)
-            return path
-    for path in ((host_dir / "ssh_config") if host_dir else None, Path("~/.ssh/config").expanduser()):
-        if path is not None and path.is_file():
-            return path
-    return None
-
-
-def _known_hosts_path(ssh_config: dict) -> Path:
-    files = ssh_config.get("userknownhostsfile")
-    first = files.split()[0] if isinstance(files, str) and files.strip() else (files[0] if files else None)
-    return Path(first or "~/.ssh/known_hosts").expanduser()
 
 
 def open_connection(host: Host, *, accept_new_host_keys: bool = False, timeouts: Timeouts | None = None) -> Connection:

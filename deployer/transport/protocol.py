@@ -1,6 +1,6 @@
 """The agent protocol: what the client sends and what each agent operation replies, as typed models.
 
-The agent (deployer/transport/agent.py) is stdlib-only and writes plain JSON; the client validates
+The agent (deployer/agent/) is stdlib-only and writes plain JSON; the client validates
 every reply into these models, so a foreign or broken agent is one clear error, never a KeyError
 deep in a command. These are also the host's on-disk records as the client sees them (state.json,
 the lock owner, launch.json); the agent alone reads and writes them.
@@ -34,7 +34,7 @@ class LockOwner(Record):
     pid: int | None = None
     time: float | None = None
     command: str | None = None
-    alive: bool | None = Field(default=None, description="False: the owner's pid is gone on that host (stale)")
+    alive: bool | None = Field(default=None, description="False: nobody holds the lock (a dead holder's record)")
 
 
 class AppliedPatch(Record):

@@ -1,0 +1,46 @@
+"""ddeploy's host-side agent: one transaction per host per command (stdlib only, Python >= 3.8).
+
+Prints one JSON object on stdout ({"ok": true, ...} or {"ok": false, "error": {"kind",
+"message"}}) and progress lines on stderr. OPs: status, state, plan, push, rollback, log,
+lock-status, lock-release (deploys), sources, build (kernel builds), test (overlay tests), launch,
+logs, stop (launched servers). The client runs it as `python -S -c BOOTSTRAP OP` with this
+package as one bundle of module sources, then the JSON request, on stdin
+(deployer/transport/agent_client.py); `python -m deployer.agent OP` with the request on stdin
+runs it too. The reply shapes are the pydantic models of deployer/transport/protocol.py.
+
+Why one program on the host: a push is a single round trip and a single transaction. Patch
+commits are built in a private index (the work tree is untouched until they all exist), the switch
+of the work tree is idempotent (per-file checkout of the target commit), and a journal written
+before the switch lets any later run roll it forward. SIGHUP/SIGPIPE are ignored so a cut SSH
+connection does not stop a transaction halfway. The state record's compare-and-swap on
+refs/ddeploy/state is the commit point.
+
+This program alone reads and writes the host's records (the client only sees its replies):
+    refs/ddeploy/state      a chain of commits (parent = the previous record) whose tree holds one
+                            file, state.json; every change is a new commit installed with a
+                            compare-and-swap, so concurrent writers never lose each other's
+                            updates, and the chain is the history (`ddeploy log`)
+    refs/ddeploy/versions/V head commit of version V as last applied (`rollback --to V`)
+    refs/ddeploy/pre-deploy the recorded pre-deploy commit while a version is applied
+    refs/ddeploy/saved/*    hand edits saved by --force, shaped like a stash entry: the work-tree
+                            version, parents the HEAD they were on and the index version (^2)
+    .git/ddeploy/deploy.lock  the checkout's lock: fcntl.flock held by the agent for the whole
+                            operation, released by the kernel when it ends or dies (no stale lock)
+    .git/ddeploy/deploy.lock.json  the holder's record {by, user, host, pid, time, command}, for
+                            messages; one left by a killed holder is replaced by the next command
+    .git/ddeploy/journal.json  a transaction switched halfway; the next run rolls it forward
+    .git/ddeploy/sets/      shipped patch sets; test-reports/, pycache/ (kept out of the work tree)
+    <launch_dir>/launch.json   the last launch (topology, units with pid, start time, log, state)
+state.json (schema 1; absent keys mean "never happened"): applied {name, version, fingerprint,
+patches [{name, sha256, commit}], files, head, tree, three_way, dev, by, at} (dev: a dev snapshot
+of the overlay, not a release), pre_deploy {commit, tree, branch}, last {action, version, dev,
+from, by, at, saved}, builds {arch: {ok, nvcc, cuda_home,
+source_hash, cache_dir, version, at, modules, known}}, tests {ok, rc, version, k, at, report,
+tests, passed, failed, errors, skipped, duration, summary}; the client's models of these are in
+deployer/transport/protocol.py.
+
+One module per concern: common (errors, progress), repo (git), state (the state record), lock,
+transaction (journal and switch), deploy (push, rollback, plan, status, log, lock commands),
+build (kernels), overlay_tests (pytest), launch (servers), main (the entry point). The modules
+import each other relatively, so the package runs under any name (`ddeploy_agent` on the host).
+"""
