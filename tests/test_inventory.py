@@ -86,9 +86,8 @@ def new_user(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_hosts_without_an_inventory_lists_local_and_says_where_one_is_read(new_user):
-    from conftest import run_cli
-
+def test_hosts_without_an_inventory_lists_local_and_says_where_one_is_read(new_user, cli):
+    run_cli = cli
     r = run_cli("hosts")
     assert r.code == 0, r.stderr
     assert f"first of {new_user / 'hosts'}, {new_user / 'home' / '.config' / 'ddeploy' / 'hosts'}" in r.stderr
@@ -99,9 +98,8 @@ def test_hosts_without_an_inventory_lists_local_and_says_where_one_is_read(new_u
     assert r.code == 3 and "no inventory: none of" in r.stderr
 
 
-def test_init_writes_a_commented_example_that_becomes_a_valid_host(new_user):
-    from conftest import run_cli
-
+def test_init_writes_a_commented_example_that_becomes_a_valid_host(new_user, cli):
+    run_cli = cli
     r = run_cli("init")
     example = new_user / "hosts" / "_example.yaml"
     assert r.code == 0 and str(example) in r.stderr, r.stderr

@@ -247,7 +247,8 @@ def test_the_rules_come_from_the_newest_release():
     assert source == "ddtree_rules.py" and hasattr(rules, "ddtree_launch_refusals")
 
 
-def test_render_and_launch_refuse_before_touching_a_host(tmp_path):
+def test_render_and_launch_refuse_before_touching_a_host(cli):
+    run_cli = cli
     result = run_cli("render", "--host", "b300", "--topology", "ep8", "--set", "tree_budget=64")
     assert result.code == 9, result
     assert result.stderr.count("\n") == 1 and "--attn-dp-size > 1 yet" in result.stderr
@@ -465,8 +466,8 @@ def test_a_long_context_makes_the_mask_dominate():
     assert "(the tree mask, " in msg
 
 
-def test_explain_prints_the_memory_estimate_beside_the_headroom():
-    result = run_cli("render", "--host", "b300", "--topology", "tp8", "--explain")
+def test_explain_prints_the_memory_estimate_beside_the_headroom(cli):
+    result = cli("render", "--host", "b300", "--topology", "tp8", "--explain")
     assert result.code == 0, result
     lines = [ln.split() for ln in result.stdout.splitlines()]
     assert ["b300-tp8", "verify", "logits", "3.78", "GiB", "9%"] in lines
