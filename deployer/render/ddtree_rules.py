@@ -3,30 +3,28 @@
 The overlay defines what a DDTree server refuses once, in `ddtree_rules.py` (stdlib only), and
 SGLang runs it while it resolves the server arguments. Here the same file is taken out of the
 release that `push` deploys (checksums verified, `git apply --include` of that one file) and
-imported, so a launch script the server would refuse never reaches a host.
+run, so a launch script the server would refuse never reaches a host.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
+import runpy
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
-from types import ModuleType
+from types import SimpleNamespace
 from typing import Any
 
 from ..errors import PatchSetError, RenderError
 from ..patchset.release import load_patch_set
 
 RULES_FILE = "python/sglang/srt/speculative/ddtree_rules.py"
-MODULE_NAME = "deployer.render._ddtree_rules_release"
 
 
 @functools.cache
-def load_rules() -> tuple[str, ModuleType]:
-    """(version, module) of the newest release's `ddtree_rules.py`."""
+def load_rules() -> tuple[str, SimpleNamespace]:
+    """(version, namespace) of the newest release's `ddtree_rules.py`."""
     patch_set = load_patch_set()
     patch = next((p for p in patch_set.patches if RULES_FILE in p.files), None)
     if patch is None:
@@ -42,15 +40,10 @@ def load_rules() -> tuple[str, ModuleType]:
             check=True,
             capture_output=True,
         )
-        return patch_set.version, _import(Path(tmp) / RULES_FILE)
-
-
-def _import(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[MODULE_NAME] = module  # dataclasses look their module up while they build
-    spec.loader.exec_module(module)
-    return module
+        # runpy runs the file as its own module (its dataclasses need one while they build)
+        # and hands back its namespace, leaving nothing behind in sys.modules.
+        namespace = runpy.run_path(str(Path(tmp) / RULES_FILE), run_name="ddtree_rules")
+        return patch_set.version, SimpleNamespace(**namespace)
 
 
 def launch_refusals(v: dict[str, Any]) -> list[str]:

@@ -13,7 +13,7 @@ Explicit inventory settings win over the files.
 What is done here rather than left to Fabric, and why:
 - ProxyJump chains are built here: Fabric 3.2 connects `ProxyJump a,b` in reverse (b first),
   OpenSSH connects a first, then b through a. Each hop is a fabric.Connection (`gateway=`).
-- Host keys: Fabric adds unknown keys silently (AutoAddPolicy) and loads no known_hosts. Every hop
+- Host keys: Fabric's default policy adds unknown keys silently and loads no known_hosts. Every hop
   here loads its known_hosts (its ssh_config's UserKnownHostsFile, else ~/.ssh/known_hosts) and
   rejects unknown keys (paramiko's RejectPolicy), unless --accept-new-host-keys records them; a
   changed key is always refused.
@@ -190,7 +190,7 @@ def known_hosts_path(options) -> Path:
 
 
 def _strict_host_keys(conn: Connection, accept_new: bool) -> None:
-    """Replace Fabric's AutoAddPolicy: known_hosts loaded, unknown keys refused (or recorded)."""
+    """Replace Fabric's auto-adding policy: known_hosts loaded, unknown keys refused (or recorded)."""
     known = known_hosts_path(conn.ssh_config)
     if known.exists():
         conn.client.load_host_keys(str(known))
