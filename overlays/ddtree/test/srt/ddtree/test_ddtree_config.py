@@ -86,27 +86,40 @@ def test_verify_backend_is_refused_at_argument_resolution(backend, is_mla, refus
     """The TARGET_VERIFY backend is known once the attention hook ran: an MLA
     target (Kimi) verifies with triton only, before any weight loads."""
     cfg = _cfg()
+    def facts():
+        return {"verify_backend": backend, "is_mla": is_mla}
+
     if not refused:
-        assert resolve_ddtree_server_args(cfg, verify_backend=backend, is_mla=is_mla)
+        assert resolve_ddtree_server_args(cfg, facts)
         return
     with pytest.raises(ValueError, match=f"--attention-backend {backend} does not"):
-        resolve_ddtree_server_args(cfg, verify_backend=backend, is_mla=is_mla)
+        resolve_ddtree_server_args(cfg, facts)
 
 
-def test_all_refusals_are_reported_together():
-    cfg = _cfg(
-        attn_dp_size=8,
-        speculative_use_block_verification=True,
-        speculative_dflash_tree_topk=65,
-    )
+def test_flags_are_judged_before_the_model_configs_are_read():
+    """Bad flags are reported together, without reading the model (no download,
+    no config parse); the model's own refusals come once the flags are fine."""
+    read = []
+
+    def facts():
+        read.append(True)
+        return {"verify_backend": "trtllm_mla", "is_mla": True, "vocab_size": 64}
+
+    cfg = _cfg(attn_dp_size=8, speculative_use_block_verification=True)
     with pytest.raises(ValueError) as info:
-        resolve_ddtree_server_args(
-            cfg, verify_backend="trtllm_mla", is_mla=True, vocab_size=64
-        )
+        resolve_ddtree_server_args(cfg, facts)
     text = str(info.value)
     assert "block-verification" in text and "--attn-dp-size" in text
+    assert read == []
+    with pytest.raises(ValueError) as info:
+        resolve_ddtree_server_args(_cfg(speculative_dflash_tree_topk=65), facts)
+    text = str(info.value)
     assert "--attention-backend trtllm_mla" in text
     assert "tree-topk 65 exceeds the target vocabulary size 64" in text
+    assert read == [True]
+    off = _cfg(speculative_dflash_tree_budget=None)
+    assert resolve_ddtree_server_args(off, facts) == {}
+    assert read == [True]  # DDTree off: the model is not read
 
 
 @pytest.mark.parametrize(

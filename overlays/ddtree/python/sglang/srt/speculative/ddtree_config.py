@@ -20,8 +20,8 @@ never accepted (see ``ddtree_step``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional
 
 from sglang.srt.speculative.ddtree_rules import (
     HYBRID_REFUSAL,
@@ -40,15 +40,19 @@ def ddtree_verify_width(budget: int, block_size: int) -> int:
     return max(int(budget) + 1, int(block_size))
 
 
-def resolve_ddtree_server_args(cfg: Any, **model: Any) -> dict[str, int]:
-    """Field declarations for a DDTree server, or ValueError with every refusal.
+def resolve_ddtree_server_args(
+    cfg: Any, model_facts: Optional[Callable[[], dict[str, Any]]] = None
+) -> dict[str, int]:
+    """Field declarations for a DDTree server, or ValueError with the refusals.
 
     ``cfg`` is the resolving server-args view after DFlash resolved its block
     size into ``speculative_num_draft_tokens`` (the hook runs after the
-    attention backends are resolved). ``model``: what the hook knows from the
-    model configs, as ``DDTreeLaunch`` fields (``verify_backend``, ``is_mla``,
-    ``vocab_size``, ``hybrid_target``, ``draft_head``). Returns the draft block
-    size (``speculative_dflash_block_size``) and the verify width
+    attention backends are resolved). The flags are judged first, with nothing
+    read; then, when DDTree is on, ``model_facts()`` supplies what the model
+    configs tell (``DDTreeLaunch`` fields: ``verify_backend``, ``is_mla``,
+    ``vocab_size``, ``hybrid_target``, ``draft_head``) and those rules run.
+    Each stage reports all its reasons together. Returns the draft block size
+    (``speculative_dflash_block_size``) and the verify width
     (``speculative_num_draft_tokens``).
     """
     budget = cfg.speculative_dflash_tree_budget
@@ -59,18 +63,23 @@ def resolve_ddtree_server_args(cfg: Any, **model: Any) -> dict[str, int]:
         attn_dp_size=int(cfg.attn_dp_size or 1),
         pp_size=int(cfg.pp_size or 1),
         block_verification=bool(cfg.speculative_use_block_verification),
-        **model,
     )
-    reasons = ddtree_launch_refusals(launch)
-    if reasons:
-        raise ValueError(" ".join(reasons))
+    _raise_refusals(launch)
     if budget is None:
         return {}
+    if model_facts is not None:
+        _raise_refusals(replace(launch, **model_facts()))
     block_size = int(cfg.speculative_num_draft_tokens)
     return {
         "speculative_dflash_block_size": block_size,
         "speculative_num_draft_tokens": ddtree_verify_width(budget, block_size),
     }
+
+
+def _raise_refusals(launch: DDTreeLaunch) -> None:
+    reasons = ddtree_launch_refusals(launch)
+    if reasons:
+        raise ValueError(" ".join(reasons))
 
 
 def ddtree_model_facts(server_args: Any, cfg: Any) -> dict[str, Any]:
