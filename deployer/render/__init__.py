@@ -144,7 +144,7 @@ def _render_units(
                     render_template(env, SCRIPT_TEMPLATE, ctx),
                     render_template(env, ENV_TEMPLATE, ctx),
                     tuple(all_values[k] for k in sorted(all_values)),
-                    _memory(host, v),
+                    tree_memory(v, host.gpu.memory_gib),
                 )
             )
     return units
@@ -170,10 +170,6 @@ def launch_dir_for(host: Host, sets: list[str] | tuple[str, ...] = ()) -> str:
     """Where launch scripts, logs and the launch record live on the host (no topology needed)."""
     pairs = dict(parse_sets(sets))
     return str(pairs.get("launch_dir") or host.vars.get("launch_dir") or host_facts(host)["launch_dir"])
-
-
-def _memory(host: Host, v: dict[str, Any]) -> TreeMemory | None:
-    return None if host.gpu.memory_gib is None else tree_memory(v, host.gpu.memory_gib)
 
 
 def memory_rows(units: list[RenderedUnit]) -> list[list[str]]:

@@ -61,9 +61,9 @@ class TreeMemory:
         return self.total <= self.budget
 
 
-def tree_memory(v: dict[str, Any], gpu_memory_gib: float) -> TreeMemory | None:
-    """The estimate for one unit's values, or None when DDTree is off."""
-    if v["speculative_algorithm"] != "DFLASH" or v["tree_budget"] == 0:
+def tree_memory(v: dict[str, Any], gpu_memory_gib: float | None) -> TreeMemory | None:
+    """The estimate for one unit's values, or None when DDTree is off or the GPU size unknown."""
+    if gpu_memory_gib is None or v["speculative_algorithm"] != "DFLASH" or v["tree_budget"] == 0:
         return None
     width = max(v["tree_budget"] + 1, v["dflash_block_size"])
     bs, vocab, context = v["max_running_requests"], v["model_vocab_size"], v["model_context_length"]

@@ -164,7 +164,7 @@ def check_host(host: Host, topology: Topology, hw: HardwareProfile, v: dict[str,
 
 def check_tree_memory(host: Host, topology: Topology, v: dict[str, Any]) -> None:
     """DDTree's verify buffers must fit in the part of the headroom the tree may take."""
-    m = None if host.gpu.memory_gib is None else tree_memory(v, host.gpu.memory_gib)
+    m = tree_memory(v, host.gpu.memory_gib)
     if m is None or m.fits:
         return
     top = m.dominant
