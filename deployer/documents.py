@@ -195,6 +195,8 @@ class HardwareDoc(RootModel[dict[str, HardwareProfileDoc]]):
 
 class TopologyDoc(_Doc):
     description: str = ""
+    # The CPU engine profile: renders only for hosts with `cpu_engine: true` (docs/serving.md).
+    cpu_engine: bool = False
     values: dict[str, Any] = {}
 
     @field_validator("values", mode="before")

@@ -24,6 +24,7 @@ class ExitCode(IntEnum):
     RENDER = 9
     TESTS_FAILED = 10
     BASE_TREE = 11
+    GREEDY_MISMATCH = 12  # bench: DDTree's greedy tokens differ from the baseline's
     INTERRUPTED = 130
 
 
@@ -129,3 +130,9 @@ class OverlayTestsFailed(DeployError):
     """The overlay's own tests failed inside a patched tree."""
 
     exit_code = ExitCode.TESTS_FAILED
+
+
+class GreedyMismatchError(DeployError):
+    """`ddeploy bench`: at temperature 0 the tree's completion differs from the baseline's."""
+
+    exit_code = ExitCode.GREEDY_MISMATCH

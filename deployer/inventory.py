@@ -90,6 +90,11 @@ class Host(_Strict):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for commands")
     groups: tuple[str, ...] = ()
     vars: dict[str, object] = Field(default_factory=dict, description="render values (launch scripts)")
+    cpu_engine: bool = Field(
+        default=False,
+        description="serves the CPU engine profile (topology cpu-tiny): the built-in local host and "
+        "test hosts only, never a GPU host",
+    )
     source: str = Field(default="<builtin>", exclude=True)
 
     @field_validator("name")
@@ -168,6 +173,7 @@ def local_host() -> Host:
         python=sys.executable,
         env=env,
         groups=("local",),
+        cpu_engine=True,
     )
 
 

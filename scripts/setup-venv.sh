@@ -37,6 +37,9 @@ if [[ "$MODE" == full ]]; then
   "${PIP[@]}" xgrammar==0.2.7 tiktoken regex scipy zstandard nvidia-ml-py packaging \
     "python-dateutil<3" tokenizers==0.23.2 watchfiles openai-harmony==0.0.4 \
     jsonschema soundfile
+  # SGLang's benchmark client (`python -m sglang.benchmark.serving`, what `ddeploy bench` runs)
+  # imports its datasets module at start (a requirement of the sglang wheel).
+  "${PIP[@]}" datasets
   # flashinfer-python is what SGLang 0.5.23 pins; its headers are what SGLang's sampling-verify
   # kernel (speculative_sampling) compiles against. Headers only: none of its deps (cuda-python,
   # cutlass-dsl, ...). 65 MB wheel, about 590 MB installed, so not in the light mode.

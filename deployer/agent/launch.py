@@ -73,7 +73,14 @@ def start_unit(remote: str, unit: dict) -> dict:
     started = start_time(proc.pid)
     if started is None:
         raise Fail("RemoteCommandError", "%s did not start (exited at once); see %s" % (unit["script_file"], log))
-    return {"name": unit["name"], "pid": proc.pid, "starttime": started, "log": log}
+    return {
+        "name": unit["name"],
+        "script_file": unit["script_file"],
+        "pid": proc.pid,
+        "starttime": started,
+        "log": log,
+        "url": unit.get("url"),
+    }
 
 
 def write_units(remote: str, units: list) -> None:
@@ -97,8 +104,10 @@ def tail(path: str, lines: int = 5) -> str:
 
 
 def op_launch(repo: Repo, req: dict) -> dict:
-    """Write the host's units, start each detached, record pids; refuse while a recorded launch runs."""
-    base, units = req["base"], req["units"]
+    """Write the host's units (or, with `restart`, start a recorded launch's scripts again), start
+    each detached, record pids; refuse while a recorded launch runs. `wait`: seconds to wait for
+    every unit to serve (serving.wait_serving), 0 for none."""
+    base = req["base"]
     previous = read_launch(base)
     running = alive_units(previous)
     if running:
@@ -107,9 +116,19 @@ def op_launch(repo: Repo, req: dict) -> dict:
             "topology %s is still running (pid %s); run `ddeploy stop --host %s` first"
             % (previous["topology"], ", ".join(str(u["pid"]) for u in running), req["target"]["name"]),
         )
-    remote = os.path.join(base, req["topology"])
-    write_units(remote, units)
-    record = {"topology": req["topology"], "dir": remote, "state": "running", "started_at": now(), "units": []}
+    again = req.get("restart")
+    if again:
+        remote, units, topology = again["dir"], again["units"], again["topology"]
+        missing = [u["script_file"] for u in units if not os.path.isfile(os.path.join(remote, u["script_file"]))]
+        if missing:
+            raise Fail("StateError", "cannot start %s again: %s is gone from %s" % (topology, missing[0], remote))
+        keep = {k: again.get(k) for k in ("variant", "sets")}
+    else:
+        topology, units = req["topology"], req["units"]
+        remote = os.path.join(base, topology + ("-" + req["variant"] if req.get("variant") else ""))
+        write_units(remote, units)
+        keep = {"variant": req.get("variant"), "sets": req.get("sets") or []}
+    record = dict(keep, topology=topology, dir=remote, state="running", started_at=now(), units=[])
     try:
         for unit in units:
             s = start_unit(remote, unit)
@@ -121,8 +140,15 @@ def op_launch(repo: Repo, req: dict) -> dict:
     alive = alive_units(record)
     dead = [u for u in record["units"] if u not in alive]
     if dead:
-        raise Fail("RemoteCommandError", "%s exited right after start: %s" % (dead[0]["name"], tail(dead[0]["log"])))
-    return {"ok": True, "record": record}
+        from .serving import fail_unit
+
+        fail_unit(base, record, dead[0], "exited right after start")
+    out = {"ok": True, "record": record}
+    if req.get("wait"):
+        from .serving import wait_serving
+
+        out["serving"] = wait_serving(base, record, float(req["wait"]))
+    return out
 
 
 def op_logs(repo: Repo, req: dict) -> dict:

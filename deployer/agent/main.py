@@ -11,6 +11,7 @@ from .deploy import op_lock_release, op_lock_status, op_log, op_plan, op_push, o
 from .launch import op_launch, op_logs, op_stop
 from .overlay_tests import op_test
 from .repo import Repo
+from .serving import op_bench, op_bench_save, op_wait
 
 
 OPS = {
@@ -28,11 +29,14 @@ OPS = {
     "launch": op_launch,
     "logs": op_logs,
     "stop": op_stop,
+    "wait": op_wait,
+    "bench": op_bench,
+    "bench-save": op_bench_save,
 }
 
 
 # Work on launches beside the checkout, not in it: the checkout need not exist.
-NO_CHECKOUT = ("launch", "logs", "stop")
+NO_CHECKOUT = ("launch", "logs", "stop", "wait", "bench")
 
 
 # Interactive: they end with the client (a cut connection stops `logs --follow`).

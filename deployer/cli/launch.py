@@ -16,13 +16,31 @@ from .render import host_options, set_option
 @click.option("--topology", "-t", required=True, help="Topology profile (templates/topologies.yaml).")
 @set_option
 @click.option("--dry-run", is_flag=True, help="Render and show what would be copied and started; touch nothing.")
+@click.option(
+    "--wait",
+    "wait",
+    is_flag=True,
+    help="Wait until every unit serves (the agent polls /health on the host) and report what it serves.",
+)
+@click.option(
+    "--wait-timeout",
+    default=900.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Seconds --wait allows; a unit not healthy by then is stopped.",
+)
 @click.pass_obj
-def launch(app: AppContext, hosts, group, topology, sets, dry_run) -> None:
+def launch(app: AppContext, hosts, group, topology, sets, dry_run, wait, wait_timeout) -> None:
     """Render, copy the script(s) to the host and start them detached (log + pid recorded there)."""
     from ..ops import launch as lc
 
     chosen = app.inventory.select(names=hosts, groups=(group,) if group else ())
-    started = lc.launch(chosen, topology, sets, say, dry_run=dry_run, command=app.command)
+    started = lc.launch(
+        chosen, topology, sets, say, dry_run=dry_run, command=app.command, wait=wait_timeout if wait else None
+    )
+    for name, reply in started.items():
+        for s in getattr(reply, "serving", None) or []:
+            say(f"{s.unit} serves {describe_serving(s)}", name)
     if dry_run:
         for name, units in started.items():
             remote = f"{lc.launch_dir(units)}/{topology}"
@@ -32,6 +50,20 @@ def launch(app: AppContext, hosts, group, topology, sets, dry_run) -> None:
                     f"log {remote}/{u.name}.log",
                     name,
                 )
+
+
+def describe_serving(s) -> str:
+    """One line: model, speculation (what verify width), attention backend, TP."""
+    if s.config == "ddtree":
+        spec = f"DFLASH + DDTree (budget {s.tree_budget}, top-K {s.tree_topk}, verify width {s.verify_width})"
+    elif s.config == "linear":
+        spec = f"linear DFLASH (verify width {s.verify_width})"
+    elif s.config == "plain":
+        spec = "no speculative decoding"
+    else:
+        spec = f"{s.speculative_algorithm} (verify width {s.verify_width})"
+    parallel = f"TP {s.tp_size}" + (f", EP {s.ep_size}" if s.ep_size and s.ep_size > 1 else "")
+    return f"{s.model}: {spec}, attention {s.attention_backend}, {parallel} (SGLang {s.version}, {s.url})"
 
 
 @cli.command()
@@ -57,3 +89,69 @@ def stop(app: AppContext, host, grace, sets) -> None:
     from ..ops import launch as lc
 
     lc.stop(app.inventory.get(host), sets, lambda m: say(m, host), grace)
+
+
+@cli.command()
+@click.option("--host", required=True, help="Host whose serving launch to measure.")
+@click.option("--topology", "-t", help="Fail unless the host serves this topology (default: what it serves).")
+@click.option(
+    "--compare",
+    type=click.Choice(["linear", "plain"]),
+    help="Also measure the same launch without the tree (linear DFlash) or without speculation; restarts the server.",
+)
+@click.option("--requests", "-n", default=128, show_default=True, type=int, help="Prompts per concurrency.")
+@click.option(
+    "--concurrency", "-c", multiple=True, type=int, help="Concurrent requests; repeat for a sweep.  [default: 1, 16]"
+)
+@click.option("--input-len", default=1024, show_default=True, type=int, help="Tokens per random prompt.")
+@click.option("--output-len", default=256, show_default=True, type=int, help="Tokens generated per request.")
+@click.option("--temperature", default=0.0, show_default=True, type=float, help="0: greedy (and the greedy check).")
+@click.option("--seed", default=1, show_default=True, type=int, help="Seed of the prompts.")
+@click.option("--wait-timeout", default=900.0, show_default=True, type=click.FloatRange(min=1))
+@click.option("--yes", "-y", is_flag=True, help="Restart a running server for --compare without asking.")
+@click.option("--json", "as_json", is_flag=True, help="The result as JSON on stdout (docs/json.md).")
+@set_option
+@click.pass_obj
+def bench(app: AppContext, host, topology, compare, requests, concurrency, input_len, output_len, temperature,
+          seed, wait_timeout, yes, as_json, sets) -> None:  # fmt: skip
+    """Measure the launched server with SGLang's benchmark client, run on the host: tokens/s, TTFT,
+    ITL, accept length per concurrency; --compare adds the baseline and the greedy check."""
+    from ..ops import bench as bc
+    from ..render import launch_dir_for
+
+    params = bc.BenchParams(
+        requests, tuple(concurrency) or (1, 16), input_len, output_len, temperature, seed, wait_timeout
+    )
+    target = app.inventory.get(host)
+    if compare and not yes and click.get_text_stream("stdin").isatty():
+        yes = click.confirm(f"--compare restarts the server running on {host}; go ahead?", err=True)
+    try:
+        result = bc.bench(
+            target,
+            launch_dir_for(target, sets),
+            params,
+            lambda m: say(m, host),
+            topology=topology,
+            compare=compare,
+            yes=yes,
+            command=app.command,
+        )
+    except bc.GreedyMismatchError as exc:
+        _show_bench(exc.data, as_json)
+        raise
+    _show_bench(result, as_json)
+
+
+def _show_bench(result: dict, as_json: bool) -> None:
+    from .output import emit_json
+    from .views import bench_table
+
+    if as_json:
+        emit_json(bench_json(result))
+    else:
+        click.echo(bench_table(result))
+
+
+def bench_json(result: dict) -> dict:
+    """The stable fields (docs/json.md); server args stay in the host's bench.jsonl."""
+    return {k: v for k, v in result.items() if k != "server_args"}

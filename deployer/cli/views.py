@@ -189,6 +189,63 @@ def tests_text(tests: TestRecord | None) -> str:
     return f"{verdict} {detail}".strip()
 
 
+def bench_text(bench: dict[str, Any] | None) -> str:
+    """The last bench in one cell: topology, each config's best output tokens/s, the greedy check."""
+    if not bench:
+        return "-"
+    best: dict[str, float] = {}
+    for row in bench.get("configs", []):
+        best[row["config"]] = max(best.get(row["config"], 0.0), row.get("output_tokens_per_s") or 0.0)
+    parts = [f"{name} {tps:.1f} tok/s" for name, tps in best.items()]
+    greedy = bench.get("greedy") or {}
+    check = {True: ", greedy equal", False: ", GREEDY DIFFERS"}.get(greedy.get("equal"), "")
+    return f"{bench.get('topology')}: {' vs '.join(parts)}{check} ({bench.get('at') or '?'})"
+
+
+def _num(value: Any, fmt: str = ".1f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def bench_table(result: dict[str, Any]) -> str:
+    """`ddeploy bench`: a heading, one row per (config, concurrency), the greedy verdict."""
+    p = result["params"]
+    head = (
+        f"host {result['host']}, topology {result['topology']} ({result.get('applied') or 'no patch set'}): "
+        f"{p['requests']} requests of {p['input_len']} -> {p['output_len']} tokens, temperature {p['temperature']:g}, "
+        "SGLang's benchmark client on the host"
+    )
+    baseline = result.get("compare")
+    rows = []
+    for r in result["configs"]:
+        label = r["config"] + (f" B={r['tree_budget']} K={r['tree_topk']}" if r["config"] == "ddtree" else "")
+        rows.append(
+            [
+                f"{label} (W={r['verify_width'] or '-'})",
+                str(r["concurrency"]),
+                _num(r["accept_length"], ".2f"),
+                _num(r["output_tokens_per_s"]),
+                "-" if r.get("speedup") is None else f"{r['speedup']:.2f}x",
+                f"{_num(r['ttft_ms_median'])} / {_num(r['ttft_ms_p99'])}",
+                f"{_num(r['itl_ms_median'])} / {_num(r['itl_ms_p99'])}",
+            ]
+        )
+    headers = ["config", "concurrency", "accept length", "output tok/s", f"vs {baseline or '-'}", "TTFT ms p50 / p99",
+               "ITL ms p50 / p99"]  # fmt: skip
+    g = result["greedy"]
+    if not g["checked"]:
+        verdict = "greedy check: not run (it needs --compare and temperature 0)"
+    elif g["equal"]:
+        first = result["configs"][0]["config"]
+        verdict = f"greedy check: {g['prompts']} prompts, {first} equals {baseline} token for token"
+    else:
+        d = g["difference"]
+        verdict = (
+            f"greedy check: FAILED on probe prompt {d['prompt']} at output token {d['position']} "
+            f"({d['got']} vs {baseline}'s {d['baseline']})"
+        )
+    return f"{head}\n{table(rows, headers)}\n{verdict}"
+
+
 def describe_status(status: HostStatus) -> str:
     return (
         f"{checkout_text(status)}; applied: {applied_text(status)}; drift: {drift_text(status)}; "
@@ -211,13 +268,14 @@ def status_table(results: list[HostResult]) -> str:
                     lock_cell(s.lock),
                     builds_text(s.builds),
                     tests_text(s.tests),
+                    bench_text(s.bench),
                 ]
             )
         elif isinstance(r.error, ConnectError):
-            rows.append([r.host, f"no: {r.message}"[:70], "?", "?", "?", "?", "?", "?"])
+            rows.append([r.host, f"no: {r.message}"[:70], "?", "?", "?", "?", "?", "?", "?"])
         else:  # reachable, but the checkout cannot be read (missing, not git, ...)
-            rows.append([r.host, "yes", f"error: {r.message}"[:70], "?", "?", "?", "?", "?"])
-    return table(rows, ["host", "reachable", "checkout", "applied", "drift", "lock", "builds", "tests"])
+            rows.append([r.host, "yes", f"error: {r.message}"[:70], "?", "?", "?", "?", "?", "?"])
+    return table(rows, ["host", "reachable", "checkout", "applied", "drift", "lock", "builds", "tests", "bench"])
 
 
 # --- fleet summaries ---------------------------------------------------------------------------

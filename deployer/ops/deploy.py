@@ -64,6 +64,7 @@ class HostStatus(Record):
     lock: LockOwner | None = None
     builds: dict[str, BuildRecord] = {}
     tests: TestRecord | None = None
+    bench: dict[str, Any] | None = None  # the last `ddeploy bench` (docs/json.md)
     interrupted: bool = False
 
 
@@ -215,6 +216,7 @@ def status_host(host: Host, opts: Options, say: Say, expect: PatchSet | None = N
             lock=facts.lock,
             builds=state.builds,
             tests=state.tests,
+            bench=state.bench,
             interrupted=facts.journal,
         )
     )

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from ..inventory import Host
 from ..transport.agent_client import AgentSession, agent_session
-from ..transport.protocol import HostState, LaunchReply, LogsReply, StateReply, StopReply
+from ..transport.protocol import HostState, LaunchReply, LogsReply, StateReply, StopReply, WaitReply
 from ..render import RenderedUnit, launch_dir_for, render_hosts
 
 HostSay = Callable[[str, str], None]  # (message, host)
@@ -61,6 +61,16 @@ def launch_dir(units: list[RenderedUnit]) -> str:
     return dict((v.key, v.value) for v in units[0].values)["launch_dir"]
 
 
+def unit_url(unit: RenderedUnit) -> str:
+    """Where the agent reaches the unit on its host: its port on loopback when it listens on all
+    addresses, else its listen address."""
+    v = dict((x.key, x.value) for x in unit.values)
+    wildcard = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S104 - mapped to loopback
+    address = wildcard.get(v["listen_host"], v["listen_host"])
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{v['unit_port']}"
+
+
 def unit_request(unit: RenderedUnit) -> dict[str, str]:
     return {
         "name": unit.name,
@@ -68,19 +78,33 @@ def unit_request(unit: RenderedUnit) -> dict[str, str]:
         "env_file": unit.env_file,
         "script": unit.script,
         "env": unit.env,
+        # Only node rank 0 of a multi-node launch serves HTTP; the others are waited on by liveness.
+        "url": unit_url(unit) if unit.node_rank == 0 else None,
     }
 
 
 def launch_units(
-    agent: AgentSession, units: list[RenderedUnit], say: Callable[[str], None], settle: float = 1.0
+    agent: AgentSession,
+    units: list[RenderedUnit],
+    say: Callable[[str], None],
+    settle: float = 1.0,
+    *,
+    sets: tuple[str, ...] = (),
+    wait: float | None = None,
+    variant: str | None = None,
 ) -> LaunchReply:
-    """Write the host's units there, start each detached, record pids; refused while one still runs."""
+    """Write the host's units there, start each detached, record pids (and the --set values, so a
+    bench baseline renders the same launch); refused while one still runs. `wait`: seconds to wait
+    for every unit to serve (the agent polls /health on the host), None for no wait."""
     request = {
         "target": {"name": agent.host.name},
         "base": launch_dir(units),
         "topology": units[0].topology,
         "units": [unit_request(u) for u in units],
         "settle": settle,
+        "sets": list(sets),
+        "variant": variant,
+        "wait": wait,
     }
     return agent.call("launch", request, LaunchReply, stream=say)
 
@@ -93,19 +117,33 @@ def launch(
     *,
     dry_run: bool = False,
     command: str = "ddeploy launch",
+    wait: float | None = None,
 ) -> dict[str, LaunchReply | list[RenderedUnit]]:
-    """Render for the hosts (kernel builds read from them), then start each host's units.
-    Dry run: the rendered units per host, nothing started."""
+    """Render for the hosts (kernel builds read from them), then start each host's units (and with
+    `wait`, wait until they serve). Dry run: the rendered units per host, nothing started."""
     render_hosts(hosts, topology, sets)  # a bad topology or --set fails before any host is contacted
     with ExitStack() as stack:
         agents = {h.name: stack.enter_context(agent_session(h, command=command)) for h in hosts}
         units = by_host(render_hosts(hosts, topology, sets, probed=probed_values(agents, say)))
         if dry_run:
             return units
-        return {
-            name: launch_units(agents[name], host_units, lambda m, n=name: say(m, n))
+        replies = {
+            name: launch_units(agents[name], host_units, lambda m, n=name: say(m, n), sets=sets)
             for name, host_units in units.items()
         }
+        if wait is not None:  # all started first: a multi-node server forms only with every node up
+            for name in replies:
+                waited = wait_serving(agents[name], wait, lambda m, n=name: say(m, n), launch_dir(units[name]))
+                replies[name] = LaunchReply(ok=True, record=waited.record, serving=waited.serving)
+        return replies
+
+
+def wait_serving(agent: AgentSession, timeout: float, say: Callable[[str], None], base: str | None = None) -> WaitReply:
+    """Until every unit of the host's last launch serves (the agent polls /health there); what each
+    serves, from /server_info. A unit that exits, or is not healthy in `timeout` s (then it is
+    stopped), fails with its log's last lines."""
+    request = {"target": {"name": agent.host.name}, "base": base or launch_dir_for(agent.host), "timeout": timeout}
+    return agent.call("wait", request, WaitReply, stream=say, timeout=timeout + 120)
 
 
 def logs(host: Host, sets: tuple[str, ...], lines: int, follow: bool, out: Callable[[str], None]) -> LogsReply:

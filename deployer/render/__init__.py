@@ -62,16 +62,22 @@ def _unit_name(host: Host, topology: str, replica: int, replicas: int) -> str:
     return f"{host.name}-{topology}" + (f"-r{replica}" if replicas > 1 else "")
 
 
-def _layout(host: Host, topo: str, v: dict[str, Any], node_rank: int, replica: int, init_addr: str) -> dict[str, Value]:
+def _layout(
+    host: Host, topo: Topology, v: dict[str, Any], node_rank: int, replica: int, init_addr: str
+) -> dict[str, Value]:
     """Per-unit values computed from the resolved ones (not settable)."""
     per_node = v["tp_size"] // v["nnodes"]
-    name = _unit_name(host, topo, replica, v["replicas"])
+    name = _unit_name(host, topo.name, replica, v["replicas"])
+    gpus = range(replica * per_node, (replica + 1) * per_node)
     computed = {
-        "topology": topo,
+        "topology": topo.name,
+        "cpu_engine": topo.cpu_engine,
         "node_rank": node_rank,
         "replica": replica,
         "unit_port": v["port"] + replica,
-        "cuda_visible_devices": ",".join(str(i) for i in range(replica * per_node, (replica + 1) * per_node)),
+        # The CPU engine sees no GPU; each of its TP ranks gets one core instead.
+        "cuda_visible_devices": "" if topo.cpu_engine else ",".join(str(i) for i in gpus),
+        "cpu_threads_bind": "|".join(str(i) for i in gpus) if topo.cpu_engine else "",
         "dist_init_addr": init_addr,
         "script_file": f"{name}.sh",
         "env_file": f"{name}.env",
@@ -132,7 +138,7 @@ def _render_units(
     for rank, (host, _, values) in enumerate(per_host):
         v = plain(values)
         for replica in range(v["replicas"]):
-            all_values = {**values, **_layout(host, topo.name, v, rank, replica, init_addr)}
+            all_values = {**values, **_layout(host, topo, v, rank, replica, init_addr)}
             ctx = plain(all_values)
             units.append(
                 RenderedUnit(
@@ -144,7 +150,7 @@ def _render_units(
                     render_template(env, SCRIPT_TEMPLATE, ctx),
                     render_template(env, ENV_TEMPLATE, ctx),
                     tuple(all_values[k] for k in sorted(all_values)),
-                    tree_memory(v, host.gpu.memory_gib),
+                    None if topo.cpu_engine else tree_memory(v, host.gpu.memory_gib),
                 )
             )
     return units

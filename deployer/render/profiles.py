@@ -17,6 +17,7 @@ class Topology:
     name: str
     description: str
     values: dict[str, Any]
+    cpu_engine: bool = False  # SGLang on CPU with the overlay's test harness (hosts with cpu_engine)
 
 
 @dataclass(frozen=True)
@@ -81,5 +82,5 @@ def load_profiles(directory: Path | None = None) -> Profiles:
         directory=directory,
         defaults=_document(directory / "defaults.yaml", DefaultsDoc).root,
         hardware={n: _hardware(n, doc) for n, doc in hardware.items()},
-        topologies={n: Topology(n, doc.description, dict(doc.values)) for n, doc in topologies.items()},
+        topologies={n: Topology(n, doc.description, dict(doc.values), doc.cpu_engine) for n, doc in topologies.items()},
     )

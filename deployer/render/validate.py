@@ -152,6 +152,9 @@ def check_ports(v: dict[str, Any]) -> None:
 
 def check_host(host: Host, topology: Topology, hw: HardwareProfile, v: dict[str, Any]) -> None:
     check_ports(v)
+    if topology.cpu_engine:
+        check_cpu_engine(host, topology, v)
+        return
     check_gpu_counts(host, v)
     check_backends(host, hw, v)
     check_speculative(v)
@@ -160,6 +163,24 @@ def check_host(host: Host, topology: Topology, hw: HardwareProfile, v: dict[str,
     check_ddtree(host.name, topology.name, v)
     check_memory(host, topology, v)
     check_tree_memory(host, topology, v)
+
+
+def check_cpu_engine(host: Host, topology: Topology, v: dict[str, Any]) -> None:
+    """The CPU engine profile: only on hosts marked for it. The GPU checks (GPU counts, backends,
+    memory) do not apply, nor do DDTree's released rules: the profile serves the harness's CPU copy,
+    whose rules accept torch_native verify; that server judges its flags at start."""
+    if not host.cpu_engine:
+        raise RenderError(
+            f"[{host.name}] topology {topology.name} is the CPU engine profile (tiny models, the overlay's "
+            "CPU stand-ins) of the local host and test hosts; it is never rendered for a GPU host "
+            "(set cpu_engine: true only on a test host's inventory entry)"
+        )
+    _positive(v, "tp_size", "replicas", "nnodes")
+    if v["nnodes"] != 1 or v["replicas"] != 1 or v["attn_dp_size"] != 1 or v["ep_size"] != 1:
+        raise RenderError(
+            f"topology {topology.name} serves one CPU server: nnodes, replicas, attn_dp_size and ep_size must be 1"
+        )
+    check_speculative(v)
 
 
 def check_tree_memory(host: Host, topology: Topology, v: dict[str, Any]) -> None:

@@ -157,7 +157,8 @@ def resolve(
     schema = Schema(profiles.defaults)
     out: dict[str, Value] = {}
     _layer(schema, out, profiles.defaults, f"defaults ({profiles.directory.name}/defaults.yaml)")
-    _layer(schema, out, hardware.values, f"hardware profile {hardware.name}")
+    if not topology.cpu_engine:  # the CPU engine uses no GPU: the hardware profile does not apply
+        _layer(schema, out, hardware.values, f"hardware profile {hardware.name}")
     _layer(schema, out, topology.values, f"topology {topology.name}")
     _layer(schema, out, host_facts(host), f"host {host.name} inventory ({host.source})", typed=False)
     _layer(schema, out, {f"{ENV_PREFIX}{k}": v for k, v in host.env.items()}, f"host {host.name} env ({host.source})")
@@ -166,7 +167,21 @@ def resolve(
     _layer(schema, out, host.vars, f"host {host.name} vars ({host.source})")
     for key, raw in sets:
         out[key] = Value(key, schema.coerce(key, raw, "--set"), "--set")
+    if topology.cpu_engine:
+        facts = cpu_engine_facts(out["launch_dir"].value)
+        _layer(schema, out, facts, f"cpu engine profile {topology.name}", typed=False)
     return out
+
+
+def cpu_engine_facts(launch_dir: str) -> dict[str, Any]:
+    """What the CPU engine profile serves: the tiny models its script writes at start (the overlay's
+    cpu_engine.local_profile) beside the launch scripts; not settable."""
+    engine = posixpath.join(launch_dir, "cpu-engine")
+    return {
+        "cpu_engine_dir": engine,
+        "model_path": posixpath.join(engine, "models", "target"),
+        "draft_model_path": posixpath.join(engine, "models", "draft"),
+    }
 
 
 def plain(values: dict[str, Value]) -> dict[str, Any]:

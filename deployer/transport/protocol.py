@@ -120,6 +120,7 @@ class HostState(Record):
     last: LastAction | None = None
     builds: dict[str, BuildRecord] = {}
     tests: TestRecord | None = None
+    bench: dict[str, Any] | None = Field(default=None, description="the last `ddeploy bench` (docs/json.md)")
 
 
 class BaseMismatch(Record):
@@ -288,19 +289,81 @@ class LaunchedUnit(Record):
     pid: int
     starttime: str
     log: str
+    script_file: str | None = None
+    url: str | None = Field(default=None, description="where the agent polls it on the host (launch --wait, bench)")
+
+
+class Serving(Record):
+    """What a unit really serves, from its /server_info (launch --wait, bench)."""
+
+    config: str = Field(description='"ddtree", "linear" (DFlash without a tree), "plain" (no speculation)')
+    model: str | None = None
+    model_path: str | None = None
+    speculative_algorithm: str | None = None
+    verify_width: int | None = Field(default=None, description="speculative_num_draft_tokens (B + 1 with DDTree)")
+    tree_budget: int | None = None
+    tree_topk: int | None = None
+    attention_backend: str | None = None
+    tp_size: int | None = None
+    ep_size: int | None = None
+    version: str | None = None
+    unit: str | None = None
+    url: str | None = None
 
 
 class LaunchRecord(Record):
     topology: str
     dir: str
-    state: Literal["running", "stopped"]
+    state: Literal["running", "stopped", "failed"]
+    variant: str | None = Field(default=None, description="a bench baseline (linear, plain); None: as rendered")
+    sets: list[str] = []
     started_at: str | None = None
     stopped_at: str | None = None
+    failure: str | None = None
     units: list[LaunchedUnit] = []
+    serving: list[Serving] = []
 
 
 class LaunchReply(Reply):
     record: LaunchRecord
+    serving: list[Serving] = []
+
+
+class WaitReply(Reply):
+    record: LaunchRecord
+    serving: list[Serving]
+
+
+class BenchRun(Record):
+    """One run of SGLang's benchmark client at one concurrency (its own JSON result's numbers)."""
+
+    concurrency: int
+    completed: int | None = None
+    duration_s: float | None = None
+    output_tokens: int | None = None
+    output_tokens_per_s: float | None = None
+    ttft_ms_median: float | None = None
+    ttft_ms_p99: float | None = None
+    itl_ms_median: float | None = None
+    itl_ms_p99: float | None = None
+    accept_length: float | None = None
+
+
+class Probe(Record):
+    output_ids: list[int]
+    verify_count: int | None = None
+    completion_tokens: int | None = None
+
+
+class BenchReply(Reply):
+    serving: Serving
+    server_args: dict[str, Any] = {}
+    runs: list[BenchRun]
+    probes: list[Probe] | None = None
+
+
+class BenchSaveReply(Reply):
+    history: str
 
 
 class LogsReply(Reply):

@@ -1,0 +1,304 @@
+"""`ddeploy bench`: measure what a host serves with SGLang's own benchmark client, run there.
+
+One connection. The agent checks the last launch serves (wait), runs the client per concurrency
+and the greedy probes (bench). With a baseline (`compare`: linear DFlash or plain decoding) the
+launch is stopped, the same topology is rendered again with the same --set values plus the
+baseline's (`tree_budget=0`, or no speculative algorithm), launched as a variant beside it,
+measured the same way and stopped, and the launch that was serving is started again from its own
+scripts and waited for, whatever happened in between. The result is saved on the host (the
+agent's state record, section `bench`; every result in `<launch_dir>/bench.jsonl`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..errors import GreedyMismatchError, StateError, UsageError
+from ..inventory import Host
+from ..render import RenderedUnit, render_hosts
+from ..transport.agent_client import AgentSession, agent_session
+from ..transport.protocol import (
+    BenchReply,
+    BenchSaveReply,
+    LaunchRecord,
+    LaunchReply,
+    StateReply,
+    StopReply,
+    WaitReply,
+)
+from .launch import build_cache_dir, launch_dir, launch_units, wait_serving
+
+Say = Callable[[str], None]
+
+# What each baseline changes in the launch (render values over the recorded --set values).
+BASELINES = {"linear": ("tree_budget=0",), "plain": ("speculative_algorithm=",)}
+PROBE_PROMPTS = 8
+PROBE_MAX_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class BenchParams:
+    requests: int
+    concurrency: tuple[int, ...]
+    input_len: int
+    output_len: int
+    temperature: float
+    seed: int = 1
+    wait_timeout: float = 900.0
+    run_timeout: float = 3600.0
+
+    def check(self) -> None:
+        sizes = {"requests": self.requests, "input-len": self.input_len, "output-len": self.output_len}
+        bad = [f"--{name} {value}" for name, value in sizes.items() if value < 1]
+        bad += [f"--concurrency {c}" for c in self.concurrency if c < 1]
+        if bad:
+            raise UsageError(f"{', '.join(bad)}: must be at least 1")
+        if self.temperature < 0:
+            raise UsageError(f"--temperature {self.temperature:g}: must be 0 (greedy) or positive")
+
+    def data(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "concurrency": list(self.concurrency),
+            "input_len": self.input_len,
+            "output_len": self.output_len,
+            "temperature": self.temperature,
+            "seed": self.seed,
+        }
+
+
+def probe_prompts(vocab: int, seed: int, count: int = PROBE_PROMPTS) -> list[list[int]]:
+    """Fixed token-id prompts (4 to 40 tokens, ids above the usual special tokens), the same for
+    every configuration of a run."""
+    rng = random.Random(seed)  # noqa: S311 - reproducible prompts, not a secret
+    high = max(5, min(vocab, 32000))
+    return [[rng.randrange(4, high) for _ in range(rng.randint(4, 40))] for _ in range(count)]
+
+
+def first_difference(expected: list[list[int]], got: list[list[int]]) -> tuple[int, int] | None:
+    """(prompt index, output position) of the first token that differs, None when all are equal."""
+    for i, (want, have) in enumerate(zip(expected, got, strict=True)):
+        for j in range(max(len(want), len(have))):
+            if j >= len(want) or j >= len(have) or want[j] != have[j]:
+                return i, j
+    return None
+
+
+def _at(tokens: list[int], j: int) -> str:
+    return str(tokens[j]) if j < len(tokens) else "end"
+
+
+class Bench:
+    """One host's benchmark (and its baseline) over one agent session."""
+
+    def __init__(self, agent: AgentSession, params: BenchParams, say: Say):
+        self.agent, self.params, self.say = agent, params, say
+        self.host: Host = agent.host
+
+    # -- agent calls --------------------------------------------------------------------------
+
+    def wait(self, base: str) -> WaitReply:
+        return wait_serving(self.agent, self.params.wait_timeout, self.say, base)
+
+    def measure(self, base: str, probes: dict[str, Any] | None) -> BenchReply:
+        request = {
+            "target": {"name": self.host.name},
+            "base": base,
+            "python": self.host.python,
+            "params": self.params.data(),
+            "probes": probes,
+            "timeout": self.params.run_timeout,
+        }
+        return self.agent.call("bench", request, BenchReply, stream=self.say)
+
+    def stop(self, base: str) -> StopReply:
+        request = {"target": {"name": self.host.name}, "base": base, "grace": 30}
+        return self.agent.call("stop", request, StopReply, stream=self.say, timeout=120)
+
+    def restart(self, base: str, record: LaunchRecord) -> WaitReply:
+        request = {"target": {"name": self.host.name}, "base": base, "restart": record.to_data()}
+        self.agent.call("launch", request, LaunchReply, stream=self.say)
+        return self.wait(base)
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def render(self, record: LaunchRecord, extra: tuple[str, ...]) -> list[RenderedUnit]:
+        state = self.agent.call("state", {}, StateReply).state
+        cache_dir, why = build_cache_dir(state, self.host.gpu.arch)
+        probed = {self.host.name: ({"jit_cache_dir": cache_dir}, f"host {self.host.name} {why}")} if cache_dir else {}
+        return render_hosts([self.host], record.topology, (*record.sets, *extra), probed=probed)
+
+    def run(self, base: str, topology: str | None, compare: str | None, yes: bool) -> dict[str, Any]:
+        served = self.wait(base)
+        record = served.record
+        if topology is not None and record.topology != topology:
+            raise StateError(
+                f"{self.host.name} serves topology {record.topology}, not {topology}; launch {topology} "
+                f"first (`ddeploy stop --host {self.host.name}`, then `ddeploy launch --host {self.host.name} "
+                f"--topology {topology} --wait`)",
+                host=self.host.name,
+            )
+        if len(record.units) != 1:
+            raise UsageError(
+                f"bench drives one server; {record.topology} on {self.host.name} runs {len(record.units)} units "
+                "(multi-node and multi-replica launches are not benchmarked by ddeploy yet)",
+                host=self.host.name,
+            )
+        serving = served.serving[0]
+        if compare and serving.config == compare:
+            raise UsageError(
+                f"{self.host.name} already serves {compare} ({record.topology}); --compare {compare} needs the "
+                "DDTree launch serving",
+                host=self.host.name,
+            )
+        if compare and not yes:
+            raise UsageError(
+                f"--compare restarts the server of {record.topology} running on {self.host.name} (it may be "
+                "serving traffic); pass --yes to go ahead",
+                host=self.host.name,
+            )
+        units = self.render(record, ())
+        values = {v.key: v.value for v in units[0].values}
+        greedy = self.params.temperature == 0 and compare is not None
+        probes = None
+        if greedy:
+            prompts = probe_prompts(int(values["model_vocab_size"]), self.params.seed)
+            probes = {"prompts": prompts, "output_len": min(self.params.output_len, PROBE_MAX_TOKENS)}
+        self.say(f"measuring {serving.config} ({record.topology})")
+        rows = [(record, self.measure(base, probes))]
+        if compare:
+            rows.append(self.baseline(base, record, compare, probes))
+        return self.result(base, rows, compare, probes)
+
+    def baseline(self, base: str, record: LaunchRecord, compare: str, probes) -> tuple[LaunchRecord, BenchReply]:
+        """Stop the launch, serve and measure the baseline, stop it, start the launch again."""
+        units = self.render(record, BASELINES[compare])
+        self.stop(base)
+        failure: BaseException | None = None
+        measured: tuple[LaunchRecord, BenchReply] | None = None
+        try:
+            self.say(f"launching the {compare} baseline of {record.topology}")
+            launch_units(self.agent, units, self.say, sets=(*record.sets, *BASELINES[compare]), variant=compare)
+            waited = self.wait(launch_dir(units))
+            self.say(f"measuring {waited.serving[0].config} ({record.topology})")
+            measured = (waited.record, self.measure(base, probes))
+        except BaseException as exc:  # noqa: BLE001 - re-raised after the launch serves again
+            failure = exc
+        finally:
+            self.stop_quietly(base)
+            self.say(f"starting {record.topology} again")
+            self.restart(base, record)
+        if failure is not None or measured is None:
+            raise failure or StateError(f"the {compare} baseline was not measured", host=self.host.name)
+        return measured
+
+    def stop_quietly(self, base: str) -> None:
+        """Stop whatever the baseline left running (nothing, if it died)."""
+        try:
+            self.stop(base)
+        except StateError:  # nothing to stop
+            pass
+
+    def result(self, base: str, rows, compare: str | None, probes) -> dict[str, Any]:
+        state = self.agent.call("state", {}, StateReply).state
+        applied = state.applied
+        first_record, first = rows[0]
+        equal, difference = None, None
+        if probes and len(rows) == 2:
+            want = [p.output_ids for p in rows[1][1].probes or []]
+            have = [p.output_ids for p in first.probes or []]
+            spot = first_difference(want, have)
+            equal = spot is None
+            if spot is not None:
+                i, j = spot
+                difference = {
+                    "prompt": i,
+                    "prompt_ids": probes["prompts"][i],
+                    "position": j,
+                    "baseline": _at(want[i], j),
+                    "got": _at(have[i], j),
+                }
+        configs = []
+        base_runs = {r.concurrency: r for r in rows[-1][1].runs} if len(rows) == 2 else {}
+        for record, reply in rows:
+            probe_tokens = sum(p.completion_tokens or 0 for p in reply.probes or [])
+            probe_verify = sum(p.verify_count or 0 for p in reply.probes or [])
+            for run in reply.runs:
+                baseline_run = base_runs.get(run.concurrency)
+                speedup = None
+                if baseline_run and record is first_record and baseline_run.output_tokens_per_s:
+                    speedup = (run.output_tokens_per_s or 0) / baseline_run.output_tokens_per_s
+                configs.append(
+                    {
+                        "config": reply.serving.config,
+                        "script": record.units[0].script_file,
+                        "verify_width": reply.serving.verify_width,
+                        "tree_budget": reply.serving.tree_budget,
+                        "tree_topk": reply.serving.tree_topk,
+                        **run.to_data(),
+                        "speedup": speedup,
+                        "probe_accept_length": probe_tokens / probe_verify if probe_verify else None,
+                        "probe_verify_count": probe_verify or None,
+                        "greedy_equal": equal,
+                    }
+                )
+        build = state.builds.get(self.host.gpu.arch)
+        return {
+            "host": self.host.name,
+            "topology": first_record.topology,
+            "at": None,  # filled by save
+            "applied": f"{applied.name} {applied.version}" if applied else None,
+            "kernels": build.cache_dir if build and build.ok else None,
+            "compare": compare,
+            "params": self.params.data(),
+            "serving": [reply.serving.to_data() for _, reply in rows],
+            "configs": configs,
+            "greedy": {
+                "checked": equal is not None,
+                "equal": equal,
+                "prompts": len(probes["prompts"]) if probes else 0,
+                "difference": difference,
+            },
+            "server_args": {reply.serving.config: reply.server_args for _, reply in rows},
+            "launch_dir": base,
+        }
+
+    def save(self, result: dict[str, Any]) -> str:
+        from ..agent.common import now
+
+        result["at"] = now()
+        request = {"base": result["launch_dir"], "result": result}
+        return self.agent.call("bench-save", request, BenchSaveReply).history
+
+
+def bench(
+    host: Host,
+    base: str,
+    params: BenchParams,
+    say: Say,
+    *,
+    topology: str | None = None,
+    compare: str | None = None,
+    yes: bool = False,
+    command: str = "ddeploy bench",
+) -> dict[str, Any]:
+    """Measure the host's serving launch (and a baseline); the saved result. A greedy mismatch is
+    saved first, then raised."""
+    params.check()
+    with agent_session(host, command=command) as agent:
+        runner = Bench(agent, params, say)
+        result = runner.run(base, topology, compare, yes)
+        runner.save(result)
+    diff = result["greedy"]["difference"]
+    if diff is not None:
+        raise GreedyMismatchError(
+            f"greedy check failed: {result['configs'][0]['config']}'s completion of probe prompt {diff['prompt']} "
+            f"({len(diff['prompt_ids'])} tokens, first {diff['prompt_ids'][:6]}) differs from {compare}'s at output "
+            f"token {diff['position']} ({diff['got']} vs {diff['baseline']}); result saved, see `ddeploy status "
+            f"--host {host.name} --json`",
+            host=host.name,
+            data=result,
+        )
+    return result
