@@ -257,7 +257,7 @@ def test_render_and_launch_refuse_before_touching_a_host(cli):
 
 
 def test_unknown_topology_lists_the_valid_ones():
-    assert _error("b300", "tp7") == "unknown topology 'tp7' (valid: tp8, ep8, ep4, tp16-2node, ep16-2node)"
+    assert _error("b300", "tp7") == "unknown topology 'tp7' (valid: tp8, ep8, ep4, tp16-2node, ep16-2node, cpu-tiny)"
 
 
 def test_unknown_and_malformed_set_keys_are_refused():

@@ -121,10 +121,12 @@ def launch(
 ) -> dict[str, LaunchReply | list[RenderedUnit]]:
     """Render for the hosts (kernel builds read from them), then start each host's units (and with
     `wait`, wait until they serve). Dry run: the rendered units per host, nothing started."""
-    render_hosts(hosts, topology, sets)  # a bad topology or --set fails before any host is contacted
+    offline = render_hosts(hosts, topology, sets)  # a bad topology or --set fails before any host is contacted
     with ExitStack() as stack:
         agents = {h.name: stack.enter_context(agent_session(h, command=command)) for h in hosts}
-        units = by_host(render_hosts(hosts, topology, sets, probed=probed_values(agents, say)))
+        cpu_engine = dict((v.key, v.value) for v in offline[0].values)["cpu_engine"]
+        probed = {} if cpu_engine else probed_values(agents, say)  # the CPU engine builds no kernels
+        units = by_host(render_hosts(hosts, topology, sets, probed=probed))
         if dry_run:
             return units
         replies = {

@@ -175,6 +175,9 @@ def check_cpu_engine(host: Host, topology: Topology, v: dict[str, Any]) -> None:
             "CPU stand-ins) of the local host and test hosts; it is never rendered for a GPU host "
             "(set cpu_engine: true only on a test host's inventory entry)"
         )
+    for key, known in (("cpu_model_arch", ("mla", "llama")), ("cpu_model_kind", ("alternating", "random"))):
+        if v[key] not in known:
+            raise RenderError(f"{key} must be one of {', '.join(known)} (got {v[key]!r})")
     _positive(v, "tp_size", "replicas", "nnodes")
     if v["nnodes"] != 1 or v["replicas"] != 1 or v["attn_dp_size"] != 1 or v["ep_size"] != 1:
         raise RenderError(
