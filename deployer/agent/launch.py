@@ -186,23 +186,53 @@ def op_stop(repo: Repo, req: dict) -> dict:
                 req["target"]["name"],
             )
         raise Fail("StateError", "nothing to stop: %s" % what)
+    outcome = stop_groups(running, grace)
     for u in running:
-        signal_group(int(u["pid"]), signal.SIGTERM)
-    deadline = time.time() + grace
-    while alive_units({"units": running}) and time.time() < deadline:
-        time.sleep(0.1)
-    outcome = {}
-    for u in running:
-        if alive_units({"units": [u]}):
-            signal_group(int(u["pid"]), signal.SIGKILL)
-            outcome[u["name"]] = "killed"
-        else:
-            outcome[u["name"]] = "terminated"
         progress("%s (pid %s): %s" % (u["name"], u["pid"], outcome[u["name"]]))
     record["state"] = "stopped"
     record["stopped_at"] = now()
     write_launch(base, record)
     return {"ok": True, "record": record, "outcome": outcome}
+
+
+def group_alive(unit: dict) -> bool:
+    """Whether the unit's process group still has a live member. The group is the recorded one only
+    while its leader is (start time checked); after that the group id cannot be reused while any
+    member lives, so a remaining member is ours. The leader is reaped first if this process
+    started it (a zombie still counts as a member)."""
+    pid = int(unit["pid"])
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_groups(units: list, grace: float) -> dict:
+    """TERM each unit's process group, wait up to `grace` s for every member (the server's workers
+    too) to exit, KILL what is left; {unit name: "terminated" | "killed"}."""
+    for u in units:
+        signal_group(int(u["pid"]), signal.SIGTERM)
+    deadline = time.time() + grace
+    while any(group_alive(u) for u in units) and time.time() < deadline:
+        time.sleep(0.1)
+    outcome = {}
+    for u in units:
+        outcome[u["name"]] = "terminated"
+        if group_alive(u):
+            signal_group(int(u["pid"]), signal.SIGKILL)
+            outcome[u["name"]] = "killed"
+    for _ in range(50):  # KILL cannot be ignored; the kernel needs a moment to take them down
+        if not any(group_alive(u) for u in units):
+            break
+        time.sleep(0.1)
+    return outcome
 
 
 def signal_group(pid: int, sig) -> None:

@@ -14,7 +14,6 @@ forwarded and a benchmark's numbers are the host's, not the SSH link's:
 
 import json
 import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -22,7 +21,7 @@ import urllib.error
 import urllib.request
 
 from .common import Fail, now, progress
-from .launch import alive_units, read_launch, signal_group, write_launch
+from .launch import alive_units, read_launch, stop_groups, write_launch
 from .repo import Repo
 from .state import update_section
 
@@ -104,16 +103,6 @@ def fail_unit(base: str, record: dict, unit: dict, why: str) -> None:
     raise Fail("RemoteCommandError", "%s %s: %s (log %s)" % (unit["name"], why, last, unit["log"]))
 
 
-def stop_units(units: list, grace: float = 10.0) -> None:
-    for u in units:
-        signal_group(int(u["pid"]), signal.SIGTERM)
-    deadline = time.time() + grace
-    while alive_units({"units": units}) and time.time() < deadline:
-        time.sleep(0.1)
-    for u in alive_units({"units": units}):
-        signal_group(int(u["pid"]), signal.SIGKILL)
-
-
 def wait_serving(base: str, record: dict, timeout: float) -> list:
     """Block until every unit answers /health; its summary per unit. A unit that exits fails at
     once; at the timeout the units are stopped (the caller started them) and it fails."""
@@ -134,7 +123,7 @@ def wait_serving(base: str, record: dict, timeout: float) -> list:
                 pending.remove(unit)
                 progress("%s: healthy after %.0f s" % (unit["name"], time.time() - started))
         if pending and time.time() > deadline:
-            stop_units(record["units"])
+            stop_groups(alive_units(record), 10.0)
             fail_unit(base, record, pending[0], "not healthy after %.0f s (stopped)" % timeout)
         if pending:
             time.sleep(1.0)

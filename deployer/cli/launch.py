@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from .app import cli
@@ -123,7 +125,7 @@ def bench(app: AppContext, host, topology, compare, requests, concurrency, input
         requests, tuple(concurrency) or (1, 16), input_len, output_len, temperature, seed, wait_timeout
     )
     target = app.inventory.get(host)
-    if compare and not yes and click.get_text_stream("stdin").isatty():
+    if compare and not yes and sys.stdin.isatty():
         yes = click.confirm(f"--compare restarts the server running on {host}; go ahead?", err=True)
     try:
         result = bc.bench(
