@@ -47,6 +47,26 @@ def http_json(url: str, payload=None, timeout: float = 30.0):
         return json.loads(resp.read() or b"null")
 
 
+VERIFY_COUNTER = "sglang:spec_verify_calls_total"
+
+
+def verify_calls(url: str):
+    """SGLang's counter of verify steps over finished requests (/metrics, --enable-metrics), or
+    None when the server exports no metrics."""
+    try:
+        with urllib.request.urlopen(_request(url + "/metrics"), timeout=30) as resp:  # noqa: S310 (http only)
+            text = resp.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name == VERIFY_COUNTER:
+            total += float(line.rsplit(" ", 1)[1])
+            seen = True
+    return int(total) if seen else None
+
+
 def healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(_request(url + "/health"), timeout=30) as resp:  # noqa: S310 (http only)
@@ -250,7 +270,9 @@ def op_bench(repo: Repo, req: dict) -> dict:
     runs = []
     for concurrency in req["params"]["concurrency"]:
         progress("%s: %s, concurrency %d" % (unit["name"], BENCH_MODULE, concurrency))
+        before = verify_calls(unit["url"])
         result = run_client(req, unit, concurrency)
+        after = verify_calls(unit["url"])
         runs.append(
             {
                 "concurrency": concurrency,
@@ -264,6 +286,9 @@ def op_bench(repo: Repo, req: dict) -> dict:
                 "itl_ms_p99": result.get("p99_itl_ms"),
                 # SGLang's own counter, reset by --flush-cache before the run.
                 "accept_length": result.get("accept_length"),
+                # The server's verify steps over the run's requests (and the client's warm-up one).
+                # None: no metrics, or no speculation (nothing was verified).
+                "verify_count": None if before is None or after is None else (after - before) or None,
             }
         )
     probes = greedy_probes(req, unit) if req.get("probes") else None

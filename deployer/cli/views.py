@@ -223,14 +223,15 @@ def bench_table(result: dict[str, Any]) -> str:
                 f"{label} (W={r['verify_width'] or '-'})",
                 str(r["concurrency"]),
                 _num(r["accept_length"], ".2f"),
+                _num(r.get("verify_count"), "d"),
                 _num(r["output_tokens_per_s"]),
                 "-" if r.get("speedup") is None else f"{r['speedup']:.2f}x",
                 f"{_num(r['ttft_ms_median'])} / {_num(r['ttft_ms_p99'])}",
                 f"{_num(r['itl_ms_median'])} / {_num(r['itl_ms_p99'])}",
             ]
         )
-    headers = ["config", "concurrency", "accept length", "output tok/s", f"vs {baseline or '-'}", "TTFT ms p50 / p99",
-               "ITL ms p50 / p99"]  # fmt: skip
+    headers = ["config", "concurrency", "accept length", "verify steps", "output tok/s",
+               f"vs {baseline or '-'}", "TTFT ms p50 / p99", "ITL ms p50 / p99"]  # fmt: skip
     g = result["greedy"]
     if not g["checked"]:
         verdict = "greedy check: not run (it needs --compare and temperature 0)"

@@ -347,6 +347,7 @@ class BenchRun(Record):
     itl_ms_median: float | None = None
     itl_ms_p99: float | None = None
     accept_length: float | None = None
+    verify_count: int | None = Field(default=None, description="the server's verify steps in the run (/metrics)")
 
 
 class Probe(Record):

@@ -24,6 +24,7 @@ exec /srv/sglang/.venv/bin/python -m sglang.launch_server \
   --dist-init-addr 198.51.100.21:20000 \
   --mem-fraction-static 0.88 \
   --max-running-requests 48 \
+  --enable-metrics \
   --attention-backend triton \
   --speculative-algorithm DFLASH \
   --speculative-draft-model-path /models/Kimi-K2.6-DFlash \

@@ -22,6 +22,7 @@ exec /opt/sglang/.venv/bin/python -m sglang.launch_server \
   --ep-size 4 \
   --mem-fraction-static 0.85 \
   --max-running-requests 48 \
+  --enable-metrics \
   --attention-backend triton \
   --speculative-algorithm DFLASH \
   --speculative-draft-model-path /models/Kimi-K2.6-DFlash \

@@ -21,6 +21,7 @@ exec /opt/sglang/.venv/bin/python -m sglang.launch_server \
   --tp-size 8 \
   --mem-fraction-static 0.85 \
   --max-running-requests 48 \
+  --enable-metrics \
   --attention-backend triton \
   --speculative-algorithm DFLASH \
   --speculative-draft-model-path /models/Kimi-K2.6-DFlash \
