@@ -93,6 +93,8 @@ def test_local_cpu_tiny_serves_ddtree_and_beats_linear_dflash(cli, local_launch_
     # The alternating models: the tree accepts the whole block, linear DFlash about two tokens.
     assert ddtree["accept_length"] > 3.0 and linear["accept_length"] < 2.1, result
     assert ddtree["probe_accept_length"] > 3.0 and linear["probe_accept_length"] < 2.1
+    # The server's verify steps for the run (and the client's warm-up request): about half.
+    assert 0 < ddtree["verify_count"] < 0.6 * linear["verify_count"]
     for row in (ddtree, linear):
         assert row["completed"] == 8 and row["output_tokens"] == 8 * 32
         assert row["output_tokens_per_s"] > 0 and row["ttft_ms_median"] > 0 and row["itl_ms_median"] > 0

@@ -109,7 +109,13 @@ def stop(app: AppContext, host, grace, sets) -> None:
 @click.option("--output-len", default=256, show_default=True, type=int, help="Tokens generated per request.")
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0: greedy (and the greedy check).")
 @click.option("--seed", default=1, show_default=True, type=int, help="Seed of the prompts.")
-@click.option("--wait-timeout", default=900.0, show_default=True, type=click.FloatRange(min=1))
+@click.option(
+    "--wait-timeout",
+    default=900.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Seconds a server may take to serve (the baseline's and the restart's too).",
+)
 @click.option("--yes", "-y", is_flag=True, help="Restart a running server for --compare without asking.")
 @click.option("--json", "as_json", is_flag=True, help="The result as JSON on stdout (docs/json.md).")
 @set_option
