@@ -158,7 +158,7 @@ def test_failed_starts_are_reported_with_their_log_and_leave_nothing_running(cpu
 
     # A server not healthy within --wait-timeout is stopped, not left starting.
     r = run("launch", "--host", "h1", "-t", "cpu-tiny", "--wait", "--wait-timeout", "3", *LLAMA_TP1)
-    assert r.code == 6 and "not healthy after 3 s (stopped)" in r.stderr, r.stderr
+    assert r.code == 6 and "not healthy after 3 s (the launch is stopped)" in r.stderr, r.stderr
     record = _record(launch_dir)
     assert record["state"] == "failed"
     assert not _alive(record["units"][0]["pid"])

@@ -95,14 +95,6 @@ def write_units(remote: str, units: list) -> None:
             os.rename(path + ".tmp", path)
 
 
-def tail(path: str, lines: int = 5) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            return " | ".join(fh.read().strip().splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 def op_launch(repo: Repo, req: dict) -> dict:
     """Write the host's units (or, with `restart`, start a recorded launch's scripts again), start
     each detached, record pids; refuse while a recorded launch runs. `wait`: seconds to wait for
@@ -147,7 +139,7 @@ def op_launch(repo: Repo, req: dict) -> dict:
     if req.get("wait"):
         from .serving import wait_serving
 
-        out["serving"] = wait_serving(base, record, float(req["wait"]))
+        out["serving"] = wait_serving(base, record, float(req["wait"]), started_here=True)
     return out
 
 

@@ -123,17 +123,25 @@ def fail_unit(base: str, record: dict, unit: dict, why: str) -> None:
     raise Fail("RemoteCommandError", "%s %s: %s (log %s)" % (unit["name"], why, last, unit["log"]))
 
 
-def wait_serving(base: str, record: dict, timeout: float) -> list:
+def wait_serving(base: str, record: dict, timeout: float, started_here: bool = False) -> list:
     """Block until every unit answers /health; its summary per unit. A unit that exits fails at
-    once; at the timeout the units are stopped (the caller started them) and it fails."""
+    once; so does the timeout. `started_here` (launch --wait): the command started these units, so
+    a failure stops the rest of them too; a launch it found running is left as it is."""
     deadline = time.time() + timeout
     pending = list(record["units"])
     served = []
     started = time.time()
+
+    def fail(unit: dict, why: str) -> None:
+        if started_here:
+            stop_groups(alive_units(record), 10.0)
+            why += " (the launch is stopped)"
+        fail_unit(base, record, unit, why)
+
     while pending:
         for unit in list(pending):
             if not alive_units({"units": [unit]}):
-                fail_unit(base, record, unit, "exited before it served")
+                fail(unit, "exited before it served")
             if not unit.get("url"):  # a node rank > 0: no HTTP server; rank 0's health covers it
                 pending.remove(unit)
                 continue
@@ -143,8 +151,7 @@ def wait_serving(base: str, record: dict, timeout: float) -> list:
                 pending.remove(unit)
                 progress("%s: healthy after %.0f s" % (unit["name"], time.time() - started))
         if pending and time.time() > deadline:
-            stop_groups(alive_units(record), 10.0)
-            fail_unit(base, record, pending[0], "not healthy after %.0f s (stopped)" % timeout)
+            fail(pending[0], "not healthy after %.0f s" % timeout)
         if pending:
             time.sleep(1.0)
     record["state"] = "running"
@@ -164,10 +171,9 @@ def op_wait(repo: Repo, req: dict) -> dict:
             "StateError",
             "%s on %s; run `ddeploy launch --host %s --topology TOPOLOGY --wait` first" % (what, name, name),
         )
-    if len(alive_units(record)) < len(record["units"]):
-        dead = [u for u in record["units"] if u not in alive_units(record)][0]
-        fail_unit(base, record, dead, "has exited")
-    return {"ok": True, "record": record, "serving": wait_serving(base, record, float(req.get("timeout", 900)))}
+    started_here = bool(req.get("started_here"))
+    serving = wait_serving(base, record, float(req.get("timeout", 900)), started_here)
+    return {"ok": True, "record": record, "serving": serving}
 
 
 # --- bench -------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from ..transport.protocol import (
     StopReply,
     WaitReply,
 )
-from .launch import build_cache_dir, launch_dir, launch_units, wait_serving
+from .launch import build_cache_dir, launch_dir, launch_units, stop_quietly, wait_serving
 
 Say = Callable[[str], None]
 
@@ -99,8 +99,8 @@ class Bench:
 
     # -- agent calls --------------------------------------------------------------------------
 
-    def wait(self, base: str) -> WaitReply:
-        return wait_serving(self.agent, self.params.wait_timeout, self.say, base)
+    def wait(self, base: str, started_here: bool = False) -> WaitReply:
+        return wait_serving(self.agent, self.params.wait_timeout, self.say, base, started_here=started_here)
 
     def measure(self, base: str, probes: dict[str, Any] | None) -> BenchReply:
         request = {
@@ -120,7 +120,7 @@ class Bench:
     def restart(self, base: str, record: LaunchRecord) -> WaitReply:
         request = {"target": {"name": self.host.name}, "base": base, "restart": record.to_data()}
         self.agent.call("launch", request, LaunchReply, stream=self.say)
-        return self.wait(base)
+        return self.wait(base, started_here=True)
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -181,25 +181,18 @@ class Bench:
         try:
             self.say(f"launching the {compare} baseline of {record.topology}")
             launch_units(self.agent, units, self.say, sets=(*record.sets, *BASELINES[compare]), variant=compare)
-            waited = self.wait(launch_dir(units))
+            waited = self.wait(launch_dir(units), started_here=True)
             self.say(f"measuring {waited.serving[0].config} ({record.topology})")
             measured = (waited.record, self.measure(base, probes))
         except BaseException as exc:  # noqa: BLE001 - re-raised after the launch serves again
             failure = exc
         finally:
-            self.stop_quietly(base)
+            stop_quietly(self.agent, base, self.say)
             self.say(f"starting {record.topology} again")
             self.restart(base, record)
         if failure is not None or measured is None:
             raise failure or StateError(f"the {compare} baseline was not measured", host=self.host.name)
         return measured
-
-    def stop_quietly(self, base: str) -> None:
-        """Stop whatever the baseline left running (nothing, if it died)."""
-        try:
-            self.stop(base)
-        except StateError:  # nothing to stop
-            pass
 
     def result(self, base: str, rows, compare: str | None, probes) -> dict[str, Any]:
         state = self.agent.call("state", {}, StateReply).state

@@ -13,6 +13,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any, Callable
 
+from ..errors import DeployError, StateError
 from ..inventory import Host
 from ..transport.agent_client import AgentSession, agent_session
 from ..transport.protocol import HostState, LaunchReply, LogsReply, StateReply, StopReply, WaitReply
@@ -135,16 +136,43 @@ def launch(
         }
         if wait is not None:  # all started first: a multi-node server forms only with every node up
             for name in replies:
-                waited = wait_serving(agents[name], wait, lambda m, n=name: say(m, n), launch_dir(units[name]))
+                say_host = lambda m, n=name: say(m, n)  # noqa: E731
+                try:
+                    waited = wait_serving(agents[name], wait, say_host, launch_dir(units[name]), started_here=True)
+                except DeployError:  # this host's units are stopped; the other hosts' too
+                    for other in (n for n in replies if n != name):
+                        stop_quietly(agents[other], launch_dir(units[other]), lambda m, n=other: say(m, n))
+                    raise
                 replies[name] = LaunchReply(ok=True, record=waited.record, serving=waited.serving)
         return replies
 
 
-def wait_serving(agent: AgentSession, timeout: float, say: Callable[[str], None], base: str | None = None) -> WaitReply:
+def stop_quietly(agent: AgentSession, base: str, say: Callable[[str], None]) -> None:
+    """Stop the host's last launch if it still runs (nothing to stop is fine)."""
+    request = {"target": {"name": agent.host.name}, "base": base, "grace": 30}
+    try:
+        agent.call("stop", request, StopReply, stream=say, timeout=120)
+    except StateError:
+        pass
+
+
+def wait_serving(
+    agent: AgentSession,
+    timeout: float,
+    say: Callable[[str], None],
+    base: str | None = None,
+    *,
+    started_here: bool = False,
+) -> WaitReply:
     """Until every unit of the host's last launch serves (the agent polls /health there); what each
-    serves, from /server_info. A unit that exits, or is not healthy in `timeout` s (then it is
-    stopped), fails with its log's last lines."""
-    request = {"target": {"name": agent.host.name}, "base": base or launch_dir_for(agent.host), "timeout": timeout}
+    serves, from /server_info. A unit that exits, or is not healthy in `timeout` s, fails with its
+    log's last lines; `started_here` (this command started them): the launch is stopped then."""
+    request = {
+        "target": {"name": agent.host.name},
+        "base": base or launch_dir_for(agent.host),
+        "timeout": timeout,
+        "started_here": started_here,
+    }
     return agent.call("wait", request, WaitReply, stream=say, timeout=timeout + 120)
 
 
