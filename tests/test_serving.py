@@ -124,6 +124,20 @@ def test_local_cpu_tiny_serves_ddtree_and_beats_linear_dflash(cli, local_launch_
     assert not _alive(served_pid)
 
 
+def test_local_crash_at_start_is_reported_and_the_launch_stopped(cli, local_launch_dir):
+    assert cli("push", "--host", "local").code == 0
+    r = cli("launch", "--host", "locl", "-t", "cpu-tiny", "--wait")
+    assert r.code == 3 and "locl" in r.stderr
+    r = cli("launch", "--host", "local", "-t", "cpu-tiny", "--wait", "--set", "tree_budget=-1")
+    assert r.code == 9 and "[local] tree_budget must be 0 (DDTree off) or positive" in r.stderr, r.stderr
+    r = cli("launch", "--host", "local", "-t", "cpu-tiny", "--wait", *LLAMA_TP1, "--set", "extra_args=--no-such-flag")
+    assert r.code == 6, r.stderr
+    assert "[local] local-cpu-tiny exited" in r.stderr and "unrecognized arguments: --no-such-flag" in r.stderr
+    assert "[local] local-cpu-tiny | " in r.stderr  # the log's tail
+    record = _record(local_launch_dir)
+    assert record["state"] == "failed" and not _alive(record["units"][0]["pid"])
+
+
 @pytest.fixture
 def cpu_host(hosts, cli, tmp_path):
     """h1 marked as a CPU engine host, the newest release pushed, a clean launch dir."""
@@ -145,7 +159,7 @@ def test_failed_starts_are_reported_with_their_log_and_leave_nothing_running(cpu
     assert r.code == 7, r.stderr
     assert "nothing was launched on h1; run `ddeploy launch --host h1 --topology TOPOLOGY --wait` first" in r.stderr
     r = run("launch", "--host", "h1", "-t", "cpu-tinny", "--wait")
-    assert r.code == 9 and "unknown topology 'cpu-tinny'" in r.stderr
+    assert r.code == 9 and "[h1] unknown topology 'cpu-tinny' (valid: " in r.stderr
 
     # A server that exits at start: its log's tail, a non-zero exit, the record says failed.
     r = run("launch", "--host", "h1", "-t", "cpu-tiny", "--wait", *LLAMA_TP1, "--set", "extra_args=--no-such-flag")
@@ -164,6 +178,22 @@ def test_failed_starts_are_reported_with_their_log_and_leave_nothing_running(cpu
     assert not _alive(record["units"][0]["pid"])
     with pytest.raises(ProcessLookupError):  # the whole process group is gone
         os.killpg(record["units"][0]["pid"], 0)
+
+
+def test_bench_compare_on_an_ssh_host_prints_both_rows_and_passes_the_greedy_check(cpu_host):
+    run, launch_dir, _ = cpu_host
+    r = run("launch", "--host", "h1", "-t", "cpu-tiny", "--wait", *LLAMA_TP1, "--set", f"port={_free_port()}")
+    assert r.code == 0, r.stderr
+    assert "h1-cpu-tiny serves cpu-tiny: DFLASH + DDTree (budget 14, top-K 2, verify width 15)" in r.stderr
+    r = run("bench", "--host", "h1", "-t", "cpu-tiny", "--compare", "linear", "--yes", *SMALL)
+    assert r.code == 0, r.stderr
+    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.startswith(("ddtree", "linear"))}
+    # config, B=, K=, (W=15), concurrency, accept length, ... | config, (W=4), concurrency, accept length
+    assert float(rows["ddtree"][5]) > 3.0 and float(rows["linear"][3]) < 2.1, r.stdout
+    assert "greedy check: 8 prompts, ddtree equals linear token for token" in r.stdout
+    stored = json.loads(run("status", "--host", "h1", "--json").stdout)[0]["data"]["bench"]
+    assert [c["config"] for c in stored["configs"]] == ["ddtree", "linear"] and stored["greedy"]["equal"] is True
+    assert _record(launch_dir)["state"] == "running"
 
 
 def test_a_wrong_tree_fails_the_greedy_check_and_a_dying_server_fails_the_run(cpu_host):
@@ -201,6 +231,7 @@ def test_a_wrong_tree_fails_the_greedy_check_and_a_dying_server_fails_the_run(cp
     thread.join(timeout=300)
     r = outcome["r"]
     assert r.code == 6 and "h1-cpu-tiny died during the benchmark" in r.stderr, r.stderr
+    assert "`ddeploy launch --host h1 --topology cpu-tiny --wait` starts it again" in r.stderr
 
 
 def test_a_host_whose_python_cannot_run_the_benchmark_client(cpu_host, hosts, tmp_path, cli):

@@ -214,10 +214,19 @@ def run_client(req: dict, unit: dict, concurrency: int) -> dict:
             ).returncode
         lines = log_tail(log, 200)
         if not alive_units({"units": [unit]}):
+            name = req["target"]["name"]
             raise Fail(
                 "RemoteCommandError",
-                "%s died during the benchmark: %s (server log %s)"
-                % (unit["name"], (log_tail(unit["log"], 1) or ["(empty log)"])[0].strip(), unit["log"]),
+                "%s died during the benchmark: %s (server log %s); `ddeploy logs --host %s` shows why, "
+                "`ddeploy launch --host %s --topology %s --wait` starts it again"
+                % (
+                    unit["name"],
+                    (log_tail(unit["log"], 1) or ["(empty log)"])[0].strip(),
+                    unit["log"],
+                    name,
+                    name,
+                    req.get("topology", "TOPOLOGY"),
+                ),
             )
         if rc != 0 or not os.path.exists(out_file):
             missing = [line for line in lines if "No module named" in line]
@@ -249,8 +258,12 @@ def greedy_probes(req: dict, unit: dict) -> list:
             reply = http_json(unit["url"] + "/generate", body, timeout=600)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             alive = alive_units({"units": [unit]})
-            why = "died" if not alive else "failed a greedy probe (%s)" % exc
-            raise Fail("RemoteCommandError", "%s %s (server log %s)" % (unit["name"], why, unit["log"])) from None
+            why = "died during the greedy probes" if not alive else "failed a greedy probe (%s)" % exc
+            raise Fail(
+                "RemoteCommandError",
+                "%s %s (server log %s); `ddeploy logs --host %s` shows why"
+                % (unit["name"], why, unit["log"], req["target"]["name"]),
+            ) from None
         meta = reply.get("meta_info") or {}
         out.append(
             {

@@ -102,9 +102,10 @@ class Bench:
     def wait(self, base: str, started_here: bool = False) -> WaitReply:
         return wait_serving(self.agent, self.params.wait_timeout, self.say, base, started_here=started_here)
 
-    def measure(self, base: str, probes: dict[str, Any] | None) -> BenchReply:
+    def measure(self, base: str, topology: str, probes: dict[str, Any] | None) -> BenchReply:
         request = {
             "target": {"name": self.host.name},
+            "topology": topology,
             "base": base,
             "python": self.host.python,
             "params": self.params.data(),
@@ -167,7 +168,7 @@ class Bench:
             prompts = probe_prompts(int(values["model_vocab_size"]), self.params.seed)
             probes = {"prompts": prompts, "output_len": min(self.params.output_len, PROBE_MAX_TOKENS)}
         self.say(f"measuring {serving.config} ({record.topology})")
-        rows = [(record, self.measure(base, probes))]
+        rows = [(record, self.measure(base, record.topology, probes))]
         if compare:
             rows.append(self.baseline(base, record, compare, probes))
         return self.result(base, rows, compare, probes)
@@ -183,7 +184,7 @@ class Bench:
             launch_units(self.agent, units, self.say, sets=(*record.sets, *BASELINES[compare]), variant=compare)
             waited = self.wait(launch_dir(units), started_here=True)
             self.say(f"measuring {waited.serving[0].config} ({record.topology})")
-            measured = (waited.record, self.measure(base, probes))
+            measured = (waited.record, self.measure(base, record.topology, probes))
         except BaseException as exc:  # noqa: BLE001 - re-raised after the launch serves again
             failure = exc
         finally:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import Any, Callable
 
-from ..errors import DeployError, StateError
+from ..errors import DeployError, RenderError, StateError
 from ..inventory import Host
 from ..transport.agent_client import AgentSession, agent_session
 from ..transport.protocol import HostState, LaunchReply, LogsReply, StateReply, StopReply, WaitReply
@@ -122,7 +122,12 @@ def launch(
 ) -> dict[str, LaunchReply | list[RenderedUnit]]:
     """Render for the hosts (kernel builds read from them), then start each host's units (and with
     `wait`, wait until they serve). Dry run: the rendered units per host, nothing started."""
-    offline = render_hosts(hosts, topology, sets)  # a bad topology or --set fails before any host is contacted
+    try:  # a bad topology or --set fails before any host is contacted
+        offline = render_hosts(hosts, topology, sets)
+    except RenderError as exc:
+        if exc.host is None and len(hosts) == 1:
+            exc.host = hosts[0].name
+        raise
     with ExitStack() as stack:
         agents = {h.name: stack.enter_context(agent_session(h, command=command)) for h in hosts}
         cpu_engine = dict((v.key, v.value) for v in offline[0].values)["cpu_engine"]
