@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from host_env import variant_inventory
+from processes import alive
 
 pytestmark = pytest.mark.slow
 
@@ -35,14 +36,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def _record(launch_dir: Path) -> dict:
@@ -82,7 +75,7 @@ def test_local_cpu_tiny_serves_ddtree_and_beats_linear_dflash(cli, local_launch_
     assert r.code == 2 and "pass --yes" in r.stderr, r.stderr
     r = cli("bench", "--host", "local", "--topology", "tp8", *SMALL)
     assert r.code == 7 and "serves topology cpu-tiny, not tp8" in r.stderr, r.stderr
-    assert _alive(first_pid) and _pid(launch_dir) == first_pid
+    assert alive(first_pid) and _pid(launch_dir) == first_pid
 
     r = cli("bench", "--host", "local", "-t", "cpu-tiny", "--compare", "linear", "--yes", "--json", *SMALL)
     assert r.code == 0, r.stderr
@@ -106,7 +99,7 @@ def test_local_cpu_tiny_serves_ddtree_and_beats_linear_dflash(cli, local_launch_
     # What was serving before serves again: the DDTree launch from its own script, a new process.
     record = _record(launch_dir)
     assert record["topology"] == "cpu-tiny" and record["variant"] is None and record["state"] == "running"
-    assert record["serving"][0]["config"] == "ddtree" and not _alive(first_pid)
+    assert record["serving"][0]["config"] == "ddtree" and not alive(first_pid)
     assert (launch_dir / "cpu-tiny-linear" / "local-cpu-tiny.sh").is_file()
     history = [json.loads(line) for line in (launch_dir / "bench.jsonl").read_text().splitlines()]
     assert history[-1]["configs"] == result["configs"] and "ddtree" in history[-1]["server_args"]
@@ -121,7 +114,7 @@ def test_local_cpu_tiny_serves_ddtree_and_beats_linear_dflash(cli, local_launch_
 
     served_pid = _pid(launch_dir)
     assert cli("stop", "--host", "local").code == 0
-    assert not _alive(served_pid)
+    assert not alive(served_pid)
 
 
 def test_local_crash_at_start_is_reported_and_the_launch_stopped(cli, local_launch_dir):
@@ -135,7 +128,7 @@ def test_local_crash_at_start_is_reported_and_the_launch_stopped(cli, local_laun
     assert "[local] local-cpu-tiny exited" in r.stderr and "unrecognized arguments: --no-such-flag" in r.stderr
     assert "[local] local-cpu-tiny | " in r.stderr  # the log's tail
     record = _record(local_launch_dir)
-    assert record["state"] == "failed" and not _alive(record["units"][0]["pid"])
+    assert record["state"] == "failed" and not alive(record["units"][0]["pid"])
 
 
 @pytest.fixture
@@ -168,14 +161,14 @@ def test_failed_starts_are_reported_with_their_log_and_leave_nothing_running(cpu
     assert "unrecognized arguments: --no-such-flag" in r.stderr
     record = _record(launch_dir)
     assert record["state"] == "failed" and "h1-cpu-tiny exited" in record["failure"]
-    assert not _alive(record["units"][0]["pid"])
+    assert not alive(record["units"][0]["pid"])
 
     # A server not healthy within --wait-timeout is stopped, not left starting.
     r = run("launch", "--host", "h1", "-t", "cpu-tiny", "--wait", "--wait-timeout", "3", *LLAMA_TP1)
     assert r.code == 6 and "not healthy after 3 s (the launch is stopped)" in r.stderr, r.stderr
     record = _record(launch_dir)
     assert record["state"] == "failed"
-    assert not _alive(record["units"][0]["pid"])
+    assert not alive(record["units"][0]["pid"])
     with pytest.raises(ProcessLookupError):  # the whole process group is gone
         os.killpg(record["units"][0]["pid"], 0)
 
@@ -255,4 +248,4 @@ def test_a_host_whose_python_cannot_run_the_benchmark_client(cpu_host, hosts, tm
     assert r.code == 6, r.stderr
     assert f"SGLang's benchmark client does not run with {wrapper}" in r.stderr
     assert "No module named 'datasets'" in r.stderr
-    assert _alive(pid)  # bench started nothing and stopped nothing
+    assert alive(pid)  # bench started nothing and stopped nothing

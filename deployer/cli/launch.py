@@ -13,6 +13,12 @@ from .output import say
 from .render import host_options, set_option
 
 
+def wait_timeout_option(help_text: str):
+    return click.option(
+        "--wait-timeout", default=900.0, show_default=True, type=click.FloatRange(min=1), help=help_text
+    )
+
+
 @cli.command()
 @host_options
 @click.option("--topology", "-t", required=True, help="Topology profile (templates/topologies.yaml).")
@@ -24,13 +30,7 @@ from .render import host_options, set_option
     is_flag=True,
     help="Wait until every unit serves (the agent polls /health on the host) and report what it serves.",
 )
-@click.option(
-    "--wait-timeout",
-    default=900.0,
-    show_default=True,
-    type=click.FloatRange(min=1),
-    help="Seconds --wait allows; a unit not healthy by then is stopped.",
-)
+@wait_timeout_option("Seconds --wait allows; a launch not healthy by then is stopped.")
 @click.pass_obj
 def launch(app: AppContext, hosts, group, topology, sets, dry_run, wait, wait_timeout) -> None:
     """Render, copy the script(s) to the host and start them detached (log + pid recorded there)."""
@@ -109,13 +109,7 @@ def stop(app: AppContext, host, grace, sets) -> None:
 @click.option("--output-len", default=256, show_default=True, type=int, help="Tokens generated per request.")
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0: greedy (and the greedy check).")
 @click.option("--seed", default=1, show_default=True, type=int, help="Seed of the prompts.")
-@click.option(
-    "--wait-timeout",
-    default=900.0,
-    show_default=True,
-    type=click.FloatRange(min=1),
-    help="Seconds a server may take to serve (the baseline's and the restart's too).",
-)
+@wait_timeout_option("Seconds a server may take to serve (the baseline's and the restart's too).")
 @click.option("--yes", "-y", is_flag=True, help="Restart a running server for --compare without asking.")
 @click.option("--json", "as_json", is_flag=True, help="The result as JSON on stdout (docs/json.md).")
 @set_option

@@ -11,6 +11,7 @@ agent's state record, section `bench`; every result in `<launch_dir>/bench.jsonl
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -24,11 +25,11 @@ from ..transport.protocol import (
     BenchSaveReply,
     LaunchRecord,
     LaunchReply,
+    HostState,
     StateReply,
-    StopReply,
     WaitReply,
 )
-from .launch import build_cache_dir, launch_dir, launch_units, stop_quietly, wait_serving
+from .launch import build_cache_dir, launch_dir, launch_units, stop_launch, stop_quietly, wait_serving
 
 Say = Callable[[str], None]
 
@@ -114,9 +115,10 @@ class Bench:
         }
         return self.agent.call("bench", request, BenchReply, stream=self.say)
 
-    def stop(self, base: str) -> StopReply:
-        request = {"target": {"name": self.host.name}, "base": base, "grace": 30}
-        return self.agent.call("stop", request, StopReply, stream=self.say, timeout=120)
+    @functools.cached_property
+    def state(self) -> HostState:
+        """The host's state record, read once per run (its applied version and kernel builds)."""
+        return self.agent.call("state", {}, StateReply).state
 
     def restart(self, base: str, record: LaunchRecord) -> WaitReply:
         request = {"target": {"name": self.host.name}, "base": base, "restart": record.to_data()}
@@ -126,8 +128,7 @@ class Bench:
     # -- the run ------------------------------------------------------------------------------
 
     def render(self, record: LaunchRecord, extra: tuple[str, ...]) -> list[RenderedUnit]:
-        state = self.agent.call("state", {}, StateReply).state
-        cache_dir, why = build_cache_dir(state, self.host.gpu.arch)
+        cache_dir, why = build_cache_dir(self.state, self.host.gpu.arch)
         probed = {self.host.name: ({"jit_cache_dir": cache_dir}, f"host {self.host.name} {why}")} if cache_dir else {}
         return render_hosts([self.host], record.topology, (*record.sets, *extra), probed=probed)
 
@@ -176,7 +177,7 @@ class Bench:
     def baseline(self, base: str, record: LaunchRecord, compare: str, probes) -> tuple[LaunchRecord, BenchReply]:
         """Stop the launch, serve and measure the baseline, stop it, start the launch again."""
         units = self.render(record, BASELINES[compare])
-        self.stop(base)
+        stop_launch(self.agent, base, self.say)
         failure: BaseException | None = None
         measured: tuple[LaunchRecord, BenchReply] | None = None
         try:
@@ -196,7 +197,7 @@ class Bench:
         return measured
 
     def result(self, base: str, rows, compare: str | None, probes) -> dict[str, Any]:
-        state = self.agent.call("state", {}, StateReply).state
+        state = self.state
         applied = state.applied
         first_record, first = rows[0]
         equal, difference = None, None

@@ -152,11 +152,16 @@ def launch(
         return replies
 
 
+def stop_launch(agent: AgentSession, base: str, say: Callable[[str], None], grace: float = 30.0) -> StopReply:
+    """Stop exactly the processes the host's last launch recorded (verified by start time)."""
+    request = {"target": {"name": agent.host.name}, "base": base, "grace": grace}
+    return agent.call("stop", request, StopReply, stream=say, timeout=grace + 60)
+
+
 def stop_quietly(agent: AgentSession, base: str, say: Callable[[str], None]) -> None:
     """Stop the host's last launch if it still runs (nothing to stop is fine)."""
-    request = {"target": {"name": agent.host.name}, "base": base, "grace": 30}
     try:
-        agent.call("stop", request, StopReply, stream=say, timeout=120)
+        stop_launch(agent, base, say)
     except StateError:
         pass
 
@@ -190,6 +195,5 @@ def logs(host: Host, sets: tuple[str, ...], lines: int, follow: bool, out: Calla
 
 def stop(host: Host, sets: tuple[str, ...], say: Callable[[str], None], grace: float = 30.0) -> StopReply:
     """Stop exactly the processes the last launch recorded (verified by start time)."""
-    request = {"target": {"name": host.name}, "base": launch_dir_for(host, sets), "grace": grace}
     with agent_session(host, command="ddeploy stop") as agent:
-        return agent.call("stop", request, StopReply, stream=say, timeout=grace + 60)
+        return stop_launch(agent, launch_dir_for(host, sets), say, grace)
