@@ -35,11 +35,39 @@ from sshd_hosts import SshdFleet  # noqa: E402
 SLOW_FIXTURES = {"sshd_fleet", "hosts", "ddeploy", "python_hosts", "kernel_sets", "patch_sets", "real_release"}
 
 
+# Parallel runs (scripts/test.sh: pytest-xdist, `--dist loadgroup`): the tests of one module here
+# run on one worker, so a module's fixtures are set up once (the overlay's conftest.py puts its
+# CPU-engine tests in one group of their own). Groups go out longest first, so that the last units
+# the scheduler hands out are short: the CPU-engine tests, then these modules (minutes each,
+# docs/testing.md), then the rest in file order.
+LONG_GROUPS = ("cpu-engine", "test_serving.py", "test_build.py", "test_launch.py", "test_remote_test.py")
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def _group(item) -> str | None:
+    marker = item.get_closest_marker("xdist_group")
+    if marker is None:
+        return None
+    return marker.args[0] if marker.args else marker.kwargs.get("name")
+
+
+def _rank(item) -> int:
+    group = _group(item)
+    return LONG_GROUPS.index(group) if group in LONG_GROUPS else len(LONG_GROUPS)
+
+
+@pytest.hookimpl(wrapper=True)  # around the other hooks: they group the overlay's tests
 def pytest_collection_modifyitems(config, items):
     for item in items:
         needs = {m.name for m in item.iter_markers()} & {"sshd", "nvcc"}
         if needs or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        path = Path(str(item.path)).resolve()
+        if path.parent == TESTS_DIR and _group(item) is None:
+            item.add_marker(pytest.mark.xdist_group(path.name))
+    result = yield
+    items.sort(key=_rank)  # stable: file order within a rank
+    return result
 
 
 @pytest.fixture(scope="session", autouse=True)
