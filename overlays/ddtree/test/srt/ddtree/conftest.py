@@ -64,6 +64,25 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "slow: starts real sglang.launch_server processes (minutes)"
     )
+    # pytest-xdist's, registered for runs without it (a test host's checkout).
+    config.addinivalue_line("markers", "xdist_group(name): run on one xdist worker")
+
+
+# Fixtures that reach the CPU engine's servers or tree: every test using one runs on
+# the same pytest-xdist worker (--dist loadgroup), so the session's server pool
+# serves them all and each configuration starts once.
+ENGINE_FIXTURES = frozenset({"server_pool", "cpu_sglang_python"})
+ENGINE_GROUP = "cpu-engine"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items) -> None:
+    here = Path(__file__).resolve().parent
+    for item in items:
+        mine = here in Path(str(item.path)).resolve().parents
+        if mine and ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            # First: it is the group even if another hook groups the item too.
+            item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP), append=False)
 
 
 @pytest.fixture(scope="session")
@@ -76,5 +95,6 @@ def tree_root() -> Path:
 from cpu_engine.fixtures import (  # noqa: E402,F401
     cpu_sglang_python,
     server_log_dir,
+    server_pool,
     tiny_models,
 )

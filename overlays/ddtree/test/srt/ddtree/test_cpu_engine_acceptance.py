@@ -14,9 +14,10 @@ from cpu_engine.models import (
     ALT_X,
     ALT_Y,
     alternating_draft_probs,
-    make_tiny_models,
+    cached_tiny_models,
 )
-from cpu_engine.server import dflash_args, launch_server
+from cpu_engine.pool import ServerConfig
+from cpu_engine.server import dflash_args
 
 PROMPTS = ([1, 5, 9, 33, 12], [1, 7, 8, 9, 20, 21, 22, 23, 24, 25, 26])
 NEW_TOKENS = 64
@@ -27,8 +28,8 @@ def _alternation(n: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def alt_models(tmp_path_factory):
-    return make_tiny_models(tmp_path_factory.mktemp("alt-models"), kind="alternating")
+def alt_models():
+    return cached_tiny_models(kind="alternating")
 
 
 def test_alternating_models_behave_as_documented(alt_models):
@@ -45,13 +46,10 @@ def test_alternating_models_behave_as_documented(alt_models):
 
 
 @pytest.mark.slow
-def test_linear_dflash_accepts_one_draft_per_verify(
-    cpu_sglang_python, alt_models, server_log_dir
-):
+def test_linear_dflash_accepts_one_draft_per_verify(server_pool, alt_models):
     args = dflash_args(alt_models.draft)
-    with launch_server(cpu_sglang_python, alt_models.target, args,
-                       log_path=server_log_dir / "dflash-alternating.log") as server:
-        responses = server.generate_batch(PROMPTS, NEW_TOKENS)
+    config = ServerConfig.of(alt_models.target, args, name="dflash-alternating")
+    responses = server_pool.get(config).generate_batch(PROMPTS, NEW_TOKENS)
     for r in responses:
         meta = r["meta_info"]
         assert r["output_ids"] == _alternation(NEW_TOKENS)
@@ -65,15 +63,14 @@ def test_linear_dflash_accepts_one_draft_per_verify(
 
 @pytest.mark.slow
 def test_ddtree_accepts_the_whole_block_where_linear_accepts_one_draft(
-    cpu_sglang_python, alt_models, server_log_dir
+    server_pool, alt_models
 ):
     """The draft's top two tokens at every depth, X then Y: a 14-node tree holds
     the path X Y X (and Y X Y), so every verify accepts all 3 drafts plus the bonus
     (4 tokens), twice linear DFLASH's 2 on the same models."""
     args = dflash_args(alt_models.draft, budget=14)
-    with launch_server(cpu_sglang_python, alt_models.target, args,
-                       log_path=server_log_dir / "ddtree-alternating.log") as server:
-        responses = server.generate_batch(PROMPTS, NEW_TOKENS)
+    config = ServerConfig.of(alt_models.target, args, name="ddtree-alternating")
+    responses = server_pool.get(config).generate_batch(PROMPTS, NEW_TOKENS)
     for r in responses:
         meta = r["meta_info"]
         assert r["output_ids"] == _alternation(NEW_TOKENS)

@@ -1,11 +1,12 @@
 """The CPU engine harness on a real SGLang server: plain and linear DFLASH, greedy.
 
-One plain server, then one DFLASH server (never both at once): the plain server's
-greedy output must equal Hugging Face ``generate`` token for token, and the DFLASH
-server's must equal the plain server's for 1-4 concurrent requests. Before them: a
-refused argument ends start-up with its reason, and the CPU tree's TARGET_VERIFY
-attention equals dense attention. The stand-in sgl_kernel ops are checked against
-reference loops without a server.
+A plain server and a DFLASH server (the session's pool: the same two serve
+``test_ddtree_engine_greedy``): the plain server's greedy output must equal Hugging
+Face ``generate`` token for token, and the DFLASH server's must equal the plain
+server's for 1-4 concurrent requests. Besides: a refused argument ends start-up
+with its reason, and the CPU tree's TARGET_VERIFY attention equals dense
+attention. The stand-in sgl_kernel ops are checked against reference loops
+without a server.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import pytest
 import torch
 
 from cpu_engine.cpu_tree import STUB_DIR, Change, CpuTreeError, apply_change
-from cpu_engine.server import (
-    dflash_args, launch_server, server_env, start_expect_failure)
+from cpu_engine.pool import ServerConfig
+from cpu_engine.server import dflash_args, server_env, start_expect_failure
 
 HF_PROMPTS = (
     [1, 5, 9, 33, 12],
@@ -44,30 +45,26 @@ def _outputs(responses) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def plain_outputs(cpu_sglang_python, tiny_models, server_log_dir):
-    """Greedy outputs of the plain server (stopped before the DFLASH one starts):
+def plain_outputs(server_pool, tiny_models):
+    """Greedy outputs of the plain server:
     {"hf": one response per HF prompt, "batch": {k: the first k BATCH_PROMPTS}}."""
-    with launch_server(cpu_sglang_python, tiny_models.target,
-                       log_path=server_log_dir / "plain.log") as server:
-        hf = [server.generate(p, HF_NEW_TOKENS) for p in HF_PROMPTS]
-        batch = {k: _outputs(server.generate_batch(BATCH_PROMPTS[:k], BATCH_NEW_TOKENS))
-                 for k in range(1, len(BATCH_PROMPTS) + 1)}
+    server = server_pool.get(ServerConfig.of(tiny_models.target, name="plain"))
+    hf = [server.generate(p, HF_NEW_TOKENS) for p in HF_PROMPTS]
+    batch = {k: _outputs(server.generate_batch(BATCH_PROMPTS[:k], BATCH_NEW_TOKENS))
+             for k in range(1, len(BATCH_PROMPTS) + 1)}
     return {"hf": hf, "batch": batch}
 
 
 @pytest.fixture(scope="module")
-def dflash_server(plain_outputs, cpu_sglang_python, tiny_models, server_log_dir):
+def dflash_server(plain_outputs, server_pool, tiny_models):
     args = dflash_args(tiny_models.draft)
-    with launch_server(cpu_sglang_python, tiny_models.target, args,
-                       log_path=server_log_dir / "dflash.log") as server:
-        yield server
+    return server_pool.get(ServerConfig.of(tiny_models.target, args, name="linear"))
 
 
 @pytest.mark.slow
 def test_a_refused_argument_fails_start_up_with_the_reason(
     cpu_sglang_python, tiny_models, server_log_dir
 ):
-    # Before the servers (pytest keeps file order): never two SGLang processes.
     tail = start_expect_failure(
         cpu_sglang_python, tiny_models.target, ("--speculative-algorithm", "DFLASH"),
         log_path=server_log_dir / "refused.log",

@@ -1,7 +1,9 @@
 """DDTree on a real SGLang 0.5.23 server (CPU): greedy is lossless, the tree is used.
 
-One module-scoped run starts, one after the other, a plain server (no speculation),
-a linear DFlash server and DDTree servers at budgets below, equal to and well above
+One module-scoped run takes from the session's server pool, one after the other
+(the next one starting while the current one is driven), a plain server (no
+speculation), a linear DFlash server (both shared with
+``test_cpu_engine_linear``) and DDTree servers at budgets below, equal to and well above
 the draft depth (block size 4: depth 3) with top-K 1, 2 and the default, all on
 the same tiny models (vocabulary 64), and records what they generate for batches
 of 1, 2 and 4 concurrent requests of different prompt lengths. The tests then
@@ -20,7 +22,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from cpu_engine.server import dflash_args, launch_server
+from cpu_engine.pool import ServerConfig
+from cpu_engine.server import dflash_args
 
 pytestmark = pytest.mark.slow
 
@@ -79,18 +82,20 @@ def _record(server) -> Run:
 
 
 @pytest.fixture(scope="module")
-def runs(cpu_sglang_python, tiny_models, server_log_dir) -> dict[str, Run]:
-    configs = {"plain": [], "linear": _spec_args(tiny_models)}
+def runs(server_pool, tiny_models) -> dict[str, Run]:
+    args = {"plain": [], "linear": _spec_args(tiny_models)}
     for name, budget, topk in DDTREE:
-        configs[name] = _spec_args(tiny_models, budget, topk)
+        args[name] = _spec_args(tiny_models, budget, topk)
     for name, budget, topk, extra in EXTRA:
-        configs[name] = _spec_args(tiny_models, budget, topk) + list(extra)
-    records = {}
-    for name, args in configs.items():
-        log = server_log_dir / f"greedy-{name}.log"
-        with launch_server(cpu_sglang_python, tiny_models.target, args, log) as srv:
-            records[name] = _record(srv)
-    return records
+        args[name] = _spec_args(tiny_models, budget, topk) + list(extra)
+    # plain and linear: the names test_cpu_engine_linear gives the same servers.
+    configs = [
+        ServerConfig.of(tiny_models.target, a, name=n if n in ("plain", "linear")
+                        else f"greedy-{n}")
+        for n, a in args.items()
+    ]
+    servers = server_pool.each(configs)
+    return {name: _record(server) for name, server in zip(args, servers)}
 
 
 @pytest.mark.parametrize("name", [name for name, *_ in DDTREE + EXTRA])

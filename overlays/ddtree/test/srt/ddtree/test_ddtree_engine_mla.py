@@ -7,8 +7,9 @@ nope/rope heads, a dense first layer, then routed experts with a shared expert;
 ``TritonAttnBackend`` (forward metadata, ``custom_mask`` / ``mask_indptr``,
 ``extend_attention_fwd`` / ``decode_attention_fwd``), whose Triton kernels the
 Triton interpreter runs on CPU: the tree mask is read by the very kernel that
-reads it on a GPU, at the offsets it reads. One module-scoped run starts these
-servers one after the other and records what they generate:
+reads it on a GPU, at the offsets it reads. One module-scoped run takes these
+servers from the session's pool one after the other (the next one starting while
+the current one generates) and records what they generate:
 
 * DDTree on random weights at TP 1 and TP 2: greedy output equals Hugging Face's
   plain greedy decoding of the same checkpoint, token for token; at TP 2 both
@@ -26,12 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from cpu_engine.models import hf_greedy, make_tiny_models
+from cpu_engine.models import cached_tiny_models, hf_greedy
+from cpu_engine.pool import ServerConfig
 from cpu_engine.server import (
     TRITON_VERIFY_ARGS,
     TRITON_VERIFY_ENV,
     dflash_args,
-    launch_server,
     tp_args,
 )
 
@@ -82,13 +83,10 @@ class Run:
 
 
 @pytest.fixture(scope="module")
-def mla_models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mla-models")
+def mla_models():
     return {
-        "random": make_tiny_models(root / "random", arch="mla"),
-        "alternating": make_tiny_models(
-            root / "alternating", arch="mla", kind="alternating"
-        ),
+        "random": cached_tiny_models(arch="mla"),
+        "alternating": cached_tiny_models(arch="mla", kind="alternating"),
     }
 
 
@@ -98,37 +96,40 @@ def plain_greedy(mla_models):
     return hf_greedy(mla_models["random"].target, PROMPTS, NEW_TOKENS)
 
 
-def _serve(name, config, models, python_dir, log_dir, tmp: Path) -> Run:
+def _config(name, config, models, record_dir: Path) -> ServerConfig:
     parallel, env = tp_args(config.tp)
     env = {**env, **TRITON_VERIFY_ENV, **config.env}
-    record_dir = tmp / name
     if config.record:
-        record_dir.mkdir()
         env["DDTREE_TEST_RECORD_DIR"] = str(record_dir)
     args = [*TRITON_VERIFY_ARGS, *parallel]
     args += dflash_args(models.draft, budget=config.budget, topk=config.topk)
-    log = log_dir / f"mla-{name}.log"
-    with launch_server(python_dir, models.target, args, log, env) as server:
-        results = server.generate_batch(PROMPTS, max_new_tokens=NEW_TOKENS)
-        info = server.server_info()
+    return ServerConfig.of(models.target, args, env, name=f"mla-{name}")
+
+
+def _record(server, record_dir: Path) -> Run:
+    results = server.generate_batch(PROMPTS, max_new_tokens=NEW_TOKENS)
     records = {p.name: p.read_text().splitlines() for p in record_dir.glob("*.jsonl")}
     return Run(
         outputs=[r["output_ids"] for r in results],
         accept_lengths=[r["meta_info"]["spec_accept_length"] for r in results],
-        info=info,
+        info=server.server_info(),
         records=records,
     )
 
 
 @pytest.fixture(scope="module")
-def runs(cpu_sglang_python, mla_models, server_log_dir, tmp_path_factory):
+def runs(server_pool, mla_models, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mla-records")
-    return {
-        name: _serve(
-            name, c, mla_models[c.models], cpu_sglang_python, server_log_dir, tmp
-        )
+    record_dirs = {name: tmp / name for name in CONFIGS}
+    configs = {
+        name: _config(name, c, mla_models[c.models], record_dirs[name])
         for name, c in CONFIGS.items()
     }
+    for path in record_dirs.values():
+        path.mkdir()
+    servers = server_pool.each(list(configs.values()))
+    return {name: _record(server, record_dirs[name])
+            for name, server in zip(configs, servers)}
 
 
 @pytest.mark.parametrize("name", ["tp1-ddtree", "tp2-ddtree"])

@@ -15,14 +15,11 @@ import urllib.request
 
 import pytest
 
-from cpu_engine.cpu_tree import (
-    DDTREE_TORCH_NATIVE,
-    DDTREE_TORCH_NATIVE_MLA,
-    prepare_cpu_tree,
-)
-from cpu_engine.fixtures import sglang_source_python, tree_root
-from cpu_engine.models import make_tiny_models
-from cpu_engine.server import dflash_args, launch_server, start_expect_failure
+from cpu_engine.cpu_tree import DDTREE_TORCH_NATIVE, DDTREE_TORCH_NATIVE_MLA
+from cpu_engine.fixtures import cpu_tree_python, tree_root
+from cpu_engine.models import cached_tiny_models
+from cpu_engine.pool import ServerConfig
+from cpu_engine.server import dflash_args, start_expect_failure
 
 pytestmark = pytest.mark.slow
 
@@ -94,13 +91,11 @@ def test_a_draft_with_a_head_of_its_own_is_refused_before_loading(
 
 
 @pytest.fixture(scope="module")
-def strict_python(tmp_path_factory):
+def strict_python(cpu_sglang_python):
     """The CPU tree under the released rules: without the harness's allowance,
     torch_native does not count as a backend that applies the tree mask."""
-    work = tmp_path_factory.mktemp("strict")
-    source = sglang_source_python(tree_root(), work)
     skip = [DDTREE_TORCH_NATIVE, DDTREE_TORCH_NATIVE_MLA]
-    return prepare_cpu_tree(source, work / "cpu-tree", skip=skip)
+    return cpu_tree_python(tree_root(), skip=skip)
 
 
 def test_released_backend_policy_refuses_a_backend_without_a_verify_mask(
@@ -117,8 +112,8 @@ def test_released_backend_policy_refuses_a_backend_without_a_verify_mask(
 
 
 @pytest.fixture(scope="module")
-def mla_models(tmp_path_factory):
-    return make_tiny_models(tmp_path_factory.mktemp("refused-mla"), arch="mla")
+def mla_models():
+    return cached_tiny_models(arch="mla")
 
 
 @pytest.mark.parametrize("backend", ["flashinfer", "torch_native"])
@@ -158,11 +153,10 @@ REFUSED_REQUESTS = {
 
 
 @pytest.fixture(scope="module")
-def ddtree_server(cpu_sglang_python, tiny_models, server_log_dir):
+def ddtree_server(server_pool, tiny_models):
     args = _ddtree(tiny_models, "--speculative-dflash-tree-budget", "8")
-    log = server_log_dir / "refusals-ddtree.log"
-    with launch_server(cpu_sglang_python, tiny_models.target, args, log) as server:
-        yield server
+    return server_pool.get(ServerConfig.of(tiny_models.target, args,
+                                           name="refusals-ddtree"))
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED_REQUESTS))

@@ -11,6 +11,13 @@ dense sampling verify (SGLang's kernel semantics, the torch twin on CPU), DDTree
 forced onto the memory-light path (one target sample per slot, then the walk),
 and a negative control (``--speculative-accept-threshold-acc 0.5``, lossy by
 construction) that the same test must reject.
+
+Sample sizes (``cpu_engine.sampling.detectable_effect``, 99% power): n = 1000 per
+lossless server detects a distortion of Cohen's w >= 0.28 at the test's level
+p < 1e-4, under two fifths of the control's; the control's distortion is w ~ 0.75
+(measured), which n = 500 rejects at p < 1e-8 (detectable there: w >= 0.46). The
+control also checks that the lossless servers' n would have caught a distortion
+of its size. Each server runs one call's requests (``PER_CALL``) as one batch.
 """
 
 from __future__ import annotations
@@ -18,26 +25,31 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cpu_engine.models import make_tiny_models
+from cpu_engine.models import cached_tiny_models
+from cpu_engine.pool import ServerConfig
 from cpu_engine.sampling import (
     P_LOSSLESS,
     P_LOSSY,
+    PER_CALL,
     VOCAB,
     chi_square_p,
+    detectable_effect,
+    effect_size,
     exact_first_three,
     sample_first_three,
 )
-from cpu_engine.server import dflash_args, launch_server
+from cpu_engine.server import dflash_args
 
 pytestmark = pytest.mark.slow
 
-REQUESTS = 3000
+REQUESTS = 1000
+CONTROL_REQUESTS = 500
 BUDGET = 16
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    return make_tiny_models(tmp_path_factory.mktemp("sampling-models"), vocab=VOCAB)
+def models():
+    return cached_tiny_models(vocab=VOCAB)
 
 
 @pytest.fixture(scope="module")
@@ -50,25 +62,30 @@ def _spec_args(models, *extra):
     return dflash_args(models.draft, *extra, budget=BUDGET)
 
 
-# name -> (extra server args, or None for no speculation; server env)
+# name -> (extra server args, or None for no speculation; server env; requests)
 SERVERS = {
-    "plain": (None, None),
-    "ddtree-dense": ((), None),
-    "ddtree-light": ((), {"SGLANG_DDTREE_DENSE_SAMPLING_MAX_ELEMENTS": "0"}),
-    "ddtree-threshold-acc-0.5": (("--speculative-accept-threshold-acc", "0.5"), None),
+    "plain": (None, None, REQUESTS),
+    "ddtree-dense": ((), None, REQUESTS),
+    "ddtree-light": ((), {"SGLANG_DDTREE_DENSE_SAMPLING_MAX_ELEMENTS": "0"}, REQUESTS),
+    "ddtree-threshold-acc-0.5": (
+        ("--speculative-accept-threshold-acc", "0.5"), None, CONTROL_REQUESTS
+    ),
 }
 
 
 @pytest.fixture(scope="module")
-def samples(cpu_sglang_python, models, server_log_dir):
-    results = {}
-    for name, (extra, env) in SERVERS.items():
+def samples(server_pool, models):
+    configs = []
+    for name, (extra, env, _) in SERVERS.items():
         args = [] if extra is None else _spec_args(models, *extra)
-        args += ["--max-running-requests", "32"]
-        log = server_log_dir / f"sampling-{name}.log"
-        with launch_server(cpu_sglang_python, models.target, args, log, env) as srv:
-            results[name] = (sample_first_three(srv.url, REQUESTS), log.read_text())
-    return results
+        args += ["--max-running-requests", str(PER_CALL)]
+        config = ServerConfig.of(models.target, args, env, name=f"sampling-{name}")
+        configs.append(config)
+    servers = server_pool.each(configs)
+    return {
+        name: (sample_first_three(server.url, requests), server.log_path.read_text())
+        for (name, (*_, requests)), server in zip(SERVERS.items(), servers)
+    }
 
 
 @pytest.mark.parametrize("name", ["plain", "ddtree-dense", "ddtree-light"])
@@ -98,3 +115,5 @@ def test_negative_control_threshold_acc_half_is_detected(samples, exact):
     tokens, log = samples["ddtree-threshold-acc-0.5"]
     assert "DDTree sampling verify: dense" in log
     assert chi_square_p(tokens, exact) < P_LOSSY
+    # The lossless servers' sample size catches a distortion of this size.
+    assert effect_size(tokens, exact) > detectable_effect(REQUESTS, exact, P_LOSSLESS)

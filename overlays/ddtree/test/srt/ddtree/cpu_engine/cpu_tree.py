@@ -40,14 +40,22 @@ Layout written under ``dest``::
     dest/sgl_kernel_stub/sgl_kernel/  the pure-torch sgl_kernel stand-in
 
 Test servers need both on ``PYTHONPATH`` (:func:`stub_dir_for` finds the second).
+
+:func:`cached_cpu_tree` is the same, built once per content (``cache``) and
+byte-compiled: every server process of a run (and of later runs) then loads
+SGLang's compiled modules instead of compiling the sources it imports again,
+which machines with ``PYTHONDONTWRITEBYTECODE`` set would do at every start.
 """
 
 from __future__ import annotations
 
+import compileall
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
+
+from .cache import cached, content_key
 
 STUB_DIR = Path(__file__).resolve().parent / "sgl_kernel_stub"
 
@@ -338,3 +346,37 @@ def prepare_cpu_tree(
     shutil.copytree(STUB_DIR / "sgl_kernel", dest / "sgl_kernel_stub" / "sgl_kernel",
                     ignore=ignore)
     return python_dir
+
+
+def _harness_key_parts() -> tuple:
+    """What the CPU tree is made of besides the source: this module, the hooks and
+    the stand-in package."""
+    here = Path(__file__).resolve()
+    return (here, HOOKS, STUB_DIR / "sgl_kernel")
+
+
+def cached_cpu_tree(
+    key_parts: Sequence,
+    make_source: Callable[[Path], Path],
+    skip: Sequence[str] = (),
+) -> Path:
+    """:func:`prepare_cpu_tree` with every module byte-compiled, from the cache
+    when its inputs are unchanged; returns the tree's ``python/`` dir.
+
+    ``key_parts`` identify the source (its files, or the base commit and the
+    overlay it is made from; see ``cache.content_key``); this harness's own files
+    are added. On a miss ``make_source(workdir)`` returns the ``python/`` dir to
+    copy (it may build one in ``workdir``, which is removed afterwards).
+    ``skip``: as for :func:`prepare_cpu_tree`.
+    """
+    skipped = "skip:" + "\n".join(sorted(skip))
+    key = content_key("cpu-tree", skipped, *key_parts, *_harness_key_parts())
+
+    def build(dest: Path) -> None:
+        src_python = make_source(dest / "source")
+        python_dir = prepare_cpu_tree(src_python, dest / "tree", skip)
+        shutil.rmtree(dest / "source", ignore_errors=True)
+        compileall.compile_dir(str(python_dir), quiet=1, workers=0)
+        compileall.compile_dir(str(dest / "tree" / "sgl_kernel_stub"), quiet=1)
+
+    return cached("trees", key, build) / "tree" / "python"

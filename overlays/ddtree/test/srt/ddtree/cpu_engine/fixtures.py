@@ -21,6 +21,10 @@ Which SGLang is served (``cpu_sglang_python``, session scope):
 * Either way :func:`cpu_tree.prepare_cpu_tree` then copies that source and applies
   the test-only CPU changes; the fixture's value is the copy's ``python/`` dir (the
   sgl_kernel stand-in lies beside it, ``launch_server`` finds it).
+* The copy is byte-compiled and kept in the artefact cache (``cache``) under the
+  content of what it is made from: the full tree's sources, or the base commit
+  and the overlay's files, plus the harness. A run whose inputs are unchanged
+  starts from it at once; a changed input builds a new one.
 
 The tests need SGLang's runtime packages (``scripts/setup-venv.sh --full``): without
 them the server tests skip with the missing package named.
@@ -36,8 +40,9 @@ from pathlib import Path
 
 import pytest
 
-from .cpu_tree import prepare_cpu_tree
-from .models import TinyModels, make_tiny_models
+from .cpu_tree import cached_cpu_tree
+from .models import TinyModels, cached_tiny_models
+from .pool import ServerPool
 
 SGLANG_VERSION = "0.5.23"
 TEST_DIR = Path(__file__).resolve().parents[1]  # test/srt/ddtree
@@ -111,33 +116,70 @@ def build_overlay_source(overlay: Path, dest: Path) -> Path:
     return dest / "python"
 
 
+def is_full_tree(root: Path) -> bool:
+    return (root / "python" / "sglang" / "launch_server.py").is_file()
+
+
+def source_key_parts(root: Path) -> tuple:
+    """What identifies the SGLang source of ``root`` (see ``cache.content_key``):
+    a full tree's ``sglang/`` files, else the base's git tree id and the
+    overlay's files (the source is built from exactly these)."""
+    if is_full_tree(root):
+        return (root / "python" / "sglang",)
+    base = base_dir()
+    tree_id = subprocess.run(
+        ["git", "-C", str(base), "rev-parse", "HEAD^{tree}"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    parts = [f"base {tree_id}", root / "python", root / "hunks"]
+    if (root / "concerns.yaml").is_file():
+        parts.append(root / "concerns.yaml")
+    return tuple(parts)
+
+
+def cpu_tree_python(root: Path, skip=()) -> Path:
+    """The ``python/`` dir of the cached CPU tree of ``root`` (module docstring)."""
+    return cached_cpu_tree(
+        source_key_parts(root), lambda work: sglang_source_python(root, work), skip
+    )
+
+
 def sglang_source_python(root: Path, workdir: Path) -> Path:
     """The ``python/`` dir of the SGLang to test (built under ``workdir`` if the
     tree under test is the overlay, not a full tree)."""
-    if (root / "python" / "sglang" / "launch_server.py").is_file():
+    if is_full_tree(root):
         return root / "python"
     return build_overlay_source(root, workdir / "sglang-src")
 
 
 @pytest.fixture(scope="session")
-def cpu_sglang_python(tmp_path_factory) -> Path:
-    """The ``python/`` dir of a CPU-ready scratch copy of the SGLang under test."""
+def cpu_sglang_python() -> Path:
+    """The ``python/`` dir of a CPU-ready copy of the SGLang under test (cached,
+    read-only for tests: copy it to change it)."""
     missing = missing_runtime_modules()
     if missing:
         pytest.skip(f"SGLang runtime packages missing ({', '.join(missing)}): "
                     "run scripts/setup-venv.sh --full")
-    work = tmp_path_factory.mktemp("cpu-sglang")
-    source = sglang_source_python(tree_root(), work)
-    return prepare_cpu_tree(source, work / "cpu-tree")
+    return cpu_tree_python(tree_root())
 
 
 @pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory) -> TinyModels:
-    """A tiny float32 Llama target and a DFlash draft (vocab 64, block size 4)."""
-    return make_tiny_models(tmp_path_factory.mktemp("tiny-models"))
+def tiny_models() -> TinyModels:
+    """A tiny float32 Llama target and a DFlash draft (vocab 64, block size 4),
+    from the artefact cache (read-only for tests)."""
+    return cached_tiny_models()
 
 
 @pytest.fixture(scope="session")
 def server_log_dir(tmp_path_factory) -> Path:
     """Where test servers write their logs (named in failures)."""
     return tmp_path_factory.mktemp("sglang-logs")
+
+
+@pytest.fixture(scope="session")
+def server_pool(cpu_sglang_python, server_log_dir):
+    """The session's :class:`pool.ServerPool` over the CPU tree under test: ask it
+    for servers by configuration instead of starting them (docs/testing.md)."""
+    pool = ServerPool(cpu_sglang_python, server_log_dir)
+    yield pool
+    pool.close()

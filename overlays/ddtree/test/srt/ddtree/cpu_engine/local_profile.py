@@ -12,8 +12,11 @@ writes, replacing what an earlier run left there::
 
 The rendered ``cpu-tiny`` script runs this before ``sglang.launch_server``, so a
 server always serves the checkout as it is now (a push since the last launch
-included). Everything is written into ``<dir>.new`` and renamed into place, so a
-failed run leaves the previous copy whole.
+included). ``cpu-tree`` and ``models`` are links into the artefact cache
+(``cache``): the CPU tree, byte-compiled, is built once per content of the
+checkout's ``sglang/`` (and the harness), so a start whose checkout is unchanged
+copies and compiles nothing. The links are made in ``<dir>.new`` and renamed into
+place, so a failed run leaves the previous ones whole.
 """
 
 from __future__ import annotations
@@ -23,17 +26,20 @@ import shutil
 import sys
 from pathlib import Path
 
-from .cpu_tree import prepare_cpu_tree
-from .models import ARCHS, KINDS, make_tiny_models
+from .cpu_tree import cached_cpu_tree
+from .models import ARCHS, KINDS, cached_tiny_models
 
 
 def prepare(checkout: Path, dest: Path, arch: str, kind: str) -> Path:
-    """Write the CPU tree and the models under ``dest``; returns ``dest``."""
+    """Link the CPU tree and the models under ``dest``; returns ``dest``."""
     source = Path(checkout) / "python"
+    tree_python = cached_cpu_tree((source / "sglang",), lambda work: source)
+    models = cached_tiny_models(arch=arch, kind=kind)
     staging = dest.with_name(dest.name + ".new")
     shutil.rmtree(staging, ignore_errors=True)
-    prepare_cpu_tree(source, staging / "cpu-tree")
-    make_tiny_models(staging / "models", arch=arch, kind=kind)
+    staging.mkdir(parents=True)
+    (staging / "cpu-tree").symlink_to(tree_python.parent)
+    (staging / "models").symlink_to(models.target.parent)
     shutil.rmtree(dest, ignore_errors=True)
     staging.rename(dest)
     return dest

@@ -31,11 +31,14 @@ Requests that need a fixed number of tokens pass ``ignore_eos`` (SGLang) or
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .cache import cached, content_key
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 _SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
@@ -343,6 +346,25 @@ def make_tiny_models(
     write_tokenizer(draft, vocab)
     return TinyModels(target=target, draft=draft, vocab=vocab, block_size=block_size,
                       kind=kind, arch=arch)
+
+
+def cached_tiny_models(**params) -> TinyModels:
+    """:func:`make_tiny_models` (same keywords, no ``root``) from the cache: the
+    checkpoints depend only on the parameters, this module and torch's RNG (its
+    version), so a run reuses what an earlier run with the same inputs wrote.
+    Treat the directories as read-only (copy a model to change it)."""
+    key = content_key(
+        "tiny-models",
+        json.dumps(params, sort_keys=True),
+        Path(__file__).resolve(),
+        torch.__version__,
+    )
+    root = cached("models", key, lambda dest: make_tiny_models(dest, **params))
+    bound = inspect.signature(make_tiny_models).bind(root, **params)
+    bound.apply_defaults()
+    a = bound.arguments
+    return TinyModels(target=root / "target", draft=root / "draft", vocab=a["vocab"],
+                      block_size=a["block_size"], kind=a["kind"], arch=a["arch"])
 
 
 def hf_greedy(model_dir: Path, prompts, new_tokens: int) -> list[list[int]]:

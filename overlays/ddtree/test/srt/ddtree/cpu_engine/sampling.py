@@ -62,14 +62,44 @@ def sample_first_three(url: str, requests: int) -> torch.Tensor:
     return torch.tensor(rows)
 
 
-def chi_square_p(tokens: torch.Tensor, exact: torch.Tensor) -> float:
-    """Chi-square p-value; cells expecting fewer than 5 are pooled into one."""
-    from scipy.stats import chisquare
-
+def _pooled(tokens: torch.Tensor, exact: torch.Tensor):
+    """Observed and expected counts per cell of the first three tokens; cells
+    expecting fewer than 5 are pooled into one (the chi-square rule of thumb)."""
     flat = tokens[:, 0] * VOCAB * VOCAB + tokens[:, 1] * VOCAB + tokens[:, 2]
     observed = torch.bincount(flat, minlength=VOCAB**3).double()
     expected = exact.reshape(-1) * len(tokens)
     rare = expected < 5
     observed = torch.cat([observed[~rare], observed[rare].sum()[None]])
     expected = torch.cat([expected[~rare], expected[rare].sum()[None]])
+    return observed, expected
+
+
+def chi_square_p(tokens: torch.Tensor, exact: torch.Tensor) -> float:
+    """Chi-square p-value; cells expecting fewer than 5 are pooled into one."""
+    from scipy.stats import chisquare
+
+    observed, expected = _pooled(tokens, exact)
     return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
+
+
+def effect_size(tokens: torch.Tensor, exact: torch.Tensor) -> float:
+    """Cohen's w of the sample's distribution against ``exact``, estimated as
+    sqrt(max(chi2 - df, 0) / n) (chi2's mean is df + n w^2)."""
+    observed, expected = _pooled(tokens, exact)
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    return (max(chi2 - (len(observed) - 1), 0.0) / len(tokens)) ** 0.5
+
+
+def detectable_effect(
+    n: int, exact: torch.Tensor, alpha: float, power: float = 0.99
+) -> float:
+    """The smallest Cohen's w that the chi-square test over ``n`` samples rejects
+    at level ``alpha`` with probability ``power`` (noncentral chi-square with
+    noncentrality n w^2, the pooled cells' degrees of freedom)."""
+    from scipy.optimize import brentq
+    from scipy.stats import chi2, ncx2
+
+    df = int((exact.reshape(-1) * n >= 5).sum())  # kept cells + 1 pooled, - 1
+    critical = chi2.isf(alpha, df)
+    lam = brentq(lambda x: ncx2.sf(critical, df, x) - power, 1e-9, 1e7)
+    return (lam / n) ** 0.5

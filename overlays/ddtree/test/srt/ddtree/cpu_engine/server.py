@@ -11,7 +11,8 @@ returns that tail for tests that assert on the refusal.
 Why these flags: ``--sleep-on-idle`` (an idle 0.5.23 scheduler spins a full core),
 ``--disable-cuda-graph`` and ``torch_native`` attention (no GPU), float32 (bf16 tiny
 models have near-ties that flip greedy output between servers), a small KV pool and
-few running requests (start-up allocates them).
+few running requests (start-up allocates them), no warm-up request (the ``/health``
+that start-up waits for runs a generation already).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ BASE_ARGS = (
     "--sleep-on-idle",
     "--host", "127.0.0.1",
     "--random-seed", "0",
+    "--skip-server-warmup",
 )
 LOG_TAIL_LINES = 60
 
@@ -177,6 +179,15 @@ class Server:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def wait_healthy(self, timeout: float = 400) -> None:
+        """Return once ``/health`` answers 200; :class:`StartupError` (the server
+        stopped) if it exits first or ``timeout`` s pass."""
+        try:
+            _wait_healthy(self, timeout)
+        except BaseException:
+            self.stop()
+            raise
+
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return log_tail(self.log_path, lines)
 
@@ -283,21 +294,17 @@ TRITON_VERIFY_ARGS = ("--attention-backend", "triton")
 TRITON_VERIFY_ENV = {"TRITON_INTERPRET": "1"}
 
 
-def launch_server(
+def spawn_server(
     python_dir: Path,
     model: Path,
     args: Sequence[str] = (),
     log_path: Path | None = None,
     env: Mapping[str, str] | None = None,
-    timeout: float = 400,
 ) -> Server:
     """Start ``sglang.launch_server`` for ``model`` from ``python_dir`` (the
-    directory holding ``sglang/``, e.g. from ``prepare_cpu_tree``); return it once
-    healthy. ``args`` come after :data:`BASE_ARGS` (argparse: the last one wins).
-
-    Raises :class:`StartupError` (with ``log_tail``) if the process exits or is not
-    healthy within ``timeout`` seconds; the process group is stopped then.
-    """
+    directory holding ``sglang/``, e.g. from ``prepare_cpu_tree``) and return at
+    once; :meth:`Server.wait_healthy` waits for it. ``args`` come after
+    :data:`BASE_ARGS` (argparse: the last one wins)."""
     if log_path is None:
         fd, name = tempfile.mkstemp(prefix="sglang-cpu-", suffix=".log")
         os.close(fd)
@@ -320,11 +327,24 @@ def launch_server(
     server = Server(url=f"http://127.0.0.1:{port}", process=process,
                     log_path=log_path, command=command)
     _LIVE.add(server)
-    try:
-        _wait_healthy(server, timeout)
-    except BaseException:
-        server.stop()
-        raise
+    return server
+
+
+def launch_server(
+    python_dir: Path,
+    model: Path,
+    args: Sequence[str] = (),
+    log_path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 400,
+) -> Server:
+    """:func:`spawn_server`, then return once healthy.
+
+    Raises :class:`StartupError` (with ``log_tail``) if the process exits or is not
+    healthy within ``timeout`` seconds; the process group is stopped then.
+    """
+    server = spawn_server(python_dir, model, args, log_path, env)
+    server.wait_healthy(timeout)
     return server
 
 
