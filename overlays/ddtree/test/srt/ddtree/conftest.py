@@ -68,21 +68,30 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xdist_group(name): run on one xdist worker")
 
 
-# Fixtures that reach the CPU engine's servers or tree: every test using one runs on
-# the same pytest-xdist worker (--dist loadgroup), so the session's server pool
-# serves them all and each configuration starts once.
+# Fixtures that reach the CPU engine's servers or tree: every test using one runs in
+# an xdist group (--dist loadgroup), so one worker's session server pool serves
+# the whole group and each configuration starts once. Modules whose servers no
+# other module asks for form groups of their own, which the other worker can take.
 ENGINE_FIXTURES = frozenset({"server_pool", "cpu_sglang_python"})
 ENGINE_GROUP = "cpu-engine"
+OWN_GROUPS = {
+    "test_ddtree_engine_mla.py": "cpu-engine-mla",
+    "test_ddtree_engine_sampling.py": "cpu-engine-sampling",
+    "test_ddtree_engine_tp2_sampling.py": "cpu-engine-sampling",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items) -> None:
     here = Path(__file__).resolve().parent
     for item in items:
-        mine = here in Path(str(item.path)).resolve().parents
-        if mine and ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        path = Path(str(item.path)).resolve()
+        if here in path.parents and ENGINE_FIXTURES & set(
+            getattr(item, "fixturenames", ())
+        ):
+            group = OWN_GROUPS.get(path.name, ENGINE_GROUP)
             # First: it is the group even if another hook groups the item too.
-            item.add_marker(pytest.mark.xdist_group(ENGINE_GROUP), append=False)
+            item.add_marker(pytest.mark.xdist_group(group), append=False)
 
 
 @pytest.fixture(scope="session")

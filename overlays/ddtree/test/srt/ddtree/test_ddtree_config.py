@@ -192,7 +192,14 @@ def test_attention_backends_must_apply_the_verify_mask():
 
 def _req(**params):
     sampling = SimpleNamespace(
-        json_schema=None, regex=None, ebnf=None, structural_tag=None
+        json_schema=None,
+        regex=None,
+        ebnf=None,
+        structural_tag=None,
+        frequency_penalty=0.0,
+        presence_penalty=0.0,
+        repetition_penalty=1.0,
+        min_new_tokens=0,
     )
     for key, value in params.items():
         setattr(sampling, key, value)
@@ -201,12 +208,29 @@ def _req(**params):
     )
 
 
-def test_requests_the_tree_cannot_serve_are_named():
+def test_grammars_logprobs_and_logit_processors_are_served():
     assert ddtree_request_error(_req()) is None
-    assert "constrained decoding" in ddtree_request_error(_req(regex="a+"))
+    assert ddtree_request_error(_req(regex="a+", json_schema="{}")) is None
     req = _req()
     req.return_logprob = True
-    assert "return_logprob" in ddtree_request_error(req)
-    req = _req()
     req.custom_logit_processor = "serialized"
-    assert "custom logit processors" in ddtree_request_error(req)
+    assert ddtree_request_error(req) is None
+
+
+@pytest.mark.parametrize(
+    "param, value",
+    [
+        ("frequency_penalty", 0.5),
+        ("presence_penalty", -0.1),
+        ("repetition_penalty", 1.2),
+        ("min_new_tokens", 4),
+    ],
+)
+def test_penalties_are_refused_by_name(param, value):
+    error = ddtree_request_error(_req(**{param: value}))
+    assert error.startswith(f"DDTree speculative decoding does not support {param}:")
+
+
+def test_every_penalty_in_use_is_named_once():
+    error = ddtree_request_error(_req(presence_penalty=1.0, min_new_tokens=2))
+    assert "support presence_penalty, min_new_tokens:" in error

@@ -37,9 +37,11 @@ PROMPTS = [
 BATCHES = (1, 2, 4)
 # (name, budget, topk): below (2 < 3), equal (3) and well above (192 = 3 x the
 # vocabulary) the draft depth; top-K 2, 1 and the default min(budget, vocab).
+# The last two are started last, so test_ddtree_engine_greedy_requests, next
+# in the session, finds them running.
 DDTREE = [
-    ("below-depth-k2", 2, 2),
     ("at-depth-k1", 3, 1),
+    ("below-depth-k2", 2, 2),
     ("vocab-k-default", 192, None),
 ]
 # And two serving modes with their own KV bookkeeping: the compact draft cache (a
@@ -84,10 +86,10 @@ def _record(server) -> Run:
 @pytest.fixture(scope="module")
 def runs(server_pool, tiny_models) -> dict[str, Run]:
     args = {"plain": [], "linear": _spec_args(tiny_models)}
-    for name, budget, topk in DDTREE:
-        args[name] = _spec_args(tiny_models, budget, topk)
     for name, budget, topk, extra in EXTRA:
         args[name] = _spec_args(tiny_models, budget, topk) + list(extra)
+    for name, budget, topk in DDTREE:
+        args[name] = _spec_args(tiny_models, budget, topk)
     # plain and linear: the names test_cpu_engine_linear gives the same servers.
     configs = [
         ServerConfig.of(tiny_models.target, a, name=n if n in ("plain", "linear")

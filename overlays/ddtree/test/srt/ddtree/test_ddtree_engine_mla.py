@@ -15,6 +15,14 @@ the current one generates) and records what they generate:
   plain greedy decoding of the same checkpoint, token for token; at TP 2 both
   ranks commit the same tokens (each rank writes what it commits);
 * a control whose tree mask is shifted by one element: greedy equality fails;
+* DDTree on the tiny Llama (MHA) at TP 1 through the same backend: greedy
+  equals Hugging Face's; the log names the backend class DDTree's start-up
+  check read off the model runner; the random-weight runs accept drafts;
+* a regex and a logprob request at TP 1 and TP 2: the grammar's greedy output
+  and the logprobs equal the target's (Hugging Face with XGrammar's mask);
+* on the "alternating" models (whole blocks accepted) the top logprobs equal the
+  target's, values its attention moves by more than 1e-2: the accepted trees'
+  mask is checked where the argmax alone could not see it;
 * linear DFlash and DDTree on the "alternating" models (a bigram target and a
   draft whose second choice completes the block): DDTree's accept length at
   TP 1 and TP 2 is far above linear DFlash's, as the models force it to be.
@@ -29,6 +37,13 @@ import pytest
 
 from cpu_engine.models import cached_tiny_models, hf_greedy
 from cpu_engine.pool import ServerConfig
+from cpu_engine.request_features import (
+    GRAMMARS,
+    GrammarChecker,
+    hf_constrained_greedy,
+    hf_logprobs,
+    hf_output_logprob_rows,
+)
 from cpu_engine.server import (
     TRITON_VERIFY_ARGS,
     TRITON_VERIFY_ENV,
@@ -50,6 +65,7 @@ BUDGET = 16
 # X Y X for the draft depth 3, so DDTree accepts the whole block (see
 # test_cpu_engine_acceptance); linear DFlash commits two tokens per verify.
 ALT_BUDGET, ALT_TOPK = 14, 2
+TOP_LOGPROBS = 4
 
 
 @dataclass(frozen=True)
@@ -60,17 +76,26 @@ class Config:
     topk: int | None = None
     env: dict = field(default_factory=dict)
     record: bool = False
+    requests: tuple[str, ...] = ()  # also these: "grammar", "logprob"
 
 
 CONFIGS = {
-    "tp1-ddtree": Config("random", 1, BUDGET),
-    "tp2-ddtree": Config("random", 2, BUDGET, record=True),
+    "tp1-ddtree": Config("random", 1, BUDGET, requests=("grammar", "logprob")),
+    "tp2-ddtree": Config(
+        "random", 2, BUDGET, record=True, requests=("grammar", "logprob")
+    ),
     "tp1-ddtree-mask-shifted": Config(
         "random", 1, BUDGET, env={"DDTREE_TEST_MASK": "shift"}
     ),
     "tp1-linear-alt": Config("alternating", 1, None),
-    "tp1-ddtree-alt": Config("alternating", 1, ALT_BUDGET, ALT_TOPK),
-    "tp2-ddtree-alt": Config("alternating", 2, ALT_BUDGET, ALT_TOPK),
+    "tp1-ddtree-alt": Config(
+        "alternating", 1, ALT_BUDGET, ALT_TOPK, requests=("logprob",)
+    ),
+    "tp2-ddtree-alt": Config(
+        "alternating", 2, ALT_BUDGET, ALT_TOPK, requests=("logprob",)
+    ),
+    # The Llama (MHA) target's verify through the same backend.
+    "tp1-llama-ddtree": Config("llama", 1, BUDGET),
 }
 
 
@@ -80,6 +105,9 @@ class Run:
     accept_lengths: list[float]
     info: dict
     records: dict[str, list[str]]
+    log: str = ""
+    grammar: dict | None = None  # the regex request's reply
+    logprob: dict | None = None  # the logprob request's reply
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +115,7 @@ def mla_models():
     return {
         "random": cached_tiny_models(arch="mla"),
         "alternating": cached_tiny_models(arch="mla", kind="alternating"),
+        "llama": cached_tiny_models(),
     }
 
 
@@ -106,15 +135,29 @@ def _config(name, config, models, record_dir: Path) -> ServerConfig:
     return ServerConfig.of(models.target, args, env, name=f"mla-{name}")
 
 
-def _record(server, record_dir: Path) -> Run:
+def _record(server, record_dir: Path, requests: tuple[str, ...]) -> Run:
     results = server.generate_batch(PROMPTS, max_new_tokens=NEW_TOKENS)
     records = {p.name: p.read_text().splitlines() for p in record_dir.glob("*.jsonl")}
-    return Run(
+    run = Run(
         outputs=[r["output_ids"] for r in results],
         accept_lengths=[r["meta_info"]["spec_accept_length"] for r in results],
         info=server.server_info(),
         records=records,
+        log=server.log_path.read_text(),
     )
+    if "grammar" in requests:
+        run.grammar = server.generate(
+            PROMPTS[0], NEW_TOKENS, ignore_eos=False, regex=GRAMMARS["regex"]
+        )
+    if "logprob" in requests:
+        run.logprob = server.generate(
+            PROMPTS[1],
+            NEW_TOKENS // 2,
+            return_logprob=True,
+            logprob_start_len=0,
+            top_logprobs_num=TOP_LOGPROBS,
+        )
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +171,7 @@ def runs(server_pool, mla_models, tmp_path_factory):
     for path in record_dirs.values():
         path.mkdir()
     servers = server_pool.each(list(configs.values()))
-    return {name: _record(server, record_dirs[name])
+    return {name: _record(server, record_dirs[name], CONFIGS[name].requests)
             for name, server in zip(configs, servers)}
 
 
@@ -138,12 +181,27 @@ def test_mla_moe_ddtree_greedy_equals_plain_decoding(runs, plain_greedy, name):
         assert got == want, f"{name}: prompt {i} diverges from plain decoding"
 
 
-@pytest.mark.parametrize("name", ["tp1-ddtree", "tp2-ddtree"])
+def test_llama_ddtree_greedy_through_triton_equals_plain_decoding(runs, mla_models):
+    want = hf_greedy(mla_models["llama"].target, PROMPTS, NEW_TOKENS)
+    for i, (w, got) in enumerate(zip(want, runs["tp1-llama-ddtree"].outputs)):
+        assert got == w, f"Llama through triton: prompt {i} diverges"
+
+
+@pytest.mark.parametrize("name", ["tp1-ddtree", "tp2-ddtree", "tp1-llama-ddtree"])
 def test_the_verify_ran_through_sglangs_triton_backend(runs, name):
-    info = runs[name].info
-    assert info["attention_backend"] == "triton"
-    assert info["tp_size"] == CONFIGS[name].tp
-    assert info["internal_states"][0]["speculative_num_draft_tokens"] == BUDGET + 1
+    """The backend object the server built (its class, as DDTree's start-up
+    check reads it off the model runner), not only the flag it echoes."""
+    run = runs[name]
+    assert "DDTree tree verify attention: TritonAttnBackend" in run.log
+    assert "TorchNativeAttnBackend" not in run.log
+    assert run.info["tp_size"] == CONFIGS[name].tp
+    assert run.info["internal_states"][0]["speculative_num_draft_tokens"] == BUDGET + 1
+
+
+@pytest.mark.parametrize("name", ["tp1-ddtree", "tp2-ddtree", "tp1-llama-ddtree"])
+def test_random_weight_runs_accept_drafts(runs, name):
+    """Not a run of bonus tokens only: the tree's drafts were accepted."""
+    assert max(runs[name].accept_lengths) > 1.0, runs[name].accept_lengths
 
 
 def test_both_tp_ranks_commit_the_same_tokens(runs):
@@ -167,3 +225,59 @@ def test_tree_accepts_far_more_than_linear_dflash(runs, name):
     # whole block of four from the second verify on.
     assert max(linear) < 2.1, linear
     assert min(tree) > 3.0, (tree, linear)
+
+
+@pytest.mark.parametrize("name", ["tp1-ddtree", "tp2-ddtree"])
+def test_mla_moe_ddtree_greedy_under_a_grammar_equals_plain_decoding(
+    runs, mla_models, name
+):
+    """A regex request: the tokens of Hugging Face's greedy decoding restricted,
+    step by step, to what XGrammar allows (the plain decoding of the grammar)."""
+    models = mla_models["random"]
+    checker = GrammarChecker(models.target, models.vocab)
+    want = hf_constrained_greedy(
+        models.target, checker, "regex", PROMPTS[0], NEW_TOKENS
+    )
+    got = runs[name].grammar["output_ids"]
+    assert got == want[: len(got)] and len(got) >= min(len(want), 5), (got, want)
+    assert checker.accepts("regex", got, finished=False)
+
+
+@pytest.mark.parametrize("name", ["tp1-ddtree", "tp2-ddtree"])
+def test_mla_moe_ddtree_logprobs_equal_the_targets(runs, mla_models, name):
+    """Prompt and output logprobs of the greedy tokens: the target's own
+    (Hugging Face, float32) within 1e-4; the top token is the one generated."""
+    reply = runs[name].logprob
+    meta = reply["meta_info"]
+    want_in, want_out = hf_logprobs(
+        mla_models["random"].target, PROMPTS[1], reply["output_ids"]
+    )
+    got_out = [lp for lp, _, _ in meta["output_token_logprobs"]]
+    got_in = [lp for lp, _, _ in meta["input_token_logprobs"]][1:]
+    assert len(got_out) == len(want_out) == NEW_TOKENS // 2
+    for got, want in ((got_in, want_in), (got_out, want_out)):
+        assert max(abs(g - w) for g, w in zip(got, want)) <= 1e-4, (got, want)
+    for token, top in zip(reply["output_ids"], meta["output_top_logprobs"]):
+        assert top[0][1] == token
+
+
+@pytest.mark.parametrize("name", ["tp1-ddtree-alt", "tp2-ddtree-alt"])
+def test_high_acceptance_runs_return_the_targets_logprobs_attention_included(
+    runs, mla_models, name
+):
+    """On the models that accept the whole block, the returned top logprobs
+    equal the target's within 1e-4, and the target's attention moves those very
+    values by more than 1e-2: a tree mask that let a row see the wrong keys would
+    show here, though the argmax (a bigram margin of 8) cannot change."""
+    model = mla_models["alternating"].target
+    reply = runs[name].logprob
+    out = reply["output_ids"]
+    rows = hf_output_logprob_rows(model, PROMPTS[1], out)
+    blind = hf_output_logprob_rows(model, PROMPTS[1], out, without_attention=True)
+    tops = reply["meta_info"]["output_top_logprobs"]
+    assert len(tops) == len(out) == NEW_TOKENS // 2
+    got = [(k, token, lp) for k, top in enumerate(tops) for lp, token, _ in top]
+    assert len(got) == len(out) * TOP_LOGPROBS
+    assert max(abs(lp - float(rows[k, t])) for k, t, lp in got) <= 1e-4
+    assert max(abs(float(rows[k, t] - blind[k, t])) for k, t, _ in got) > 1e-2
+    assert min(runs[name].accept_lengths) > 3.0

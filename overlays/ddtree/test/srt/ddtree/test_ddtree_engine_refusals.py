@@ -146,9 +146,16 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
         return error.code, json.loads(error.read() or b"{}")
 
 
+# Penalties: plain decoding updates them after every token, a verify cannot.
 REFUSED_REQUESTS = {
-    "return_logprob": ({"return_logprob": True}, "does not support return_logprob"),
-    "regex": ({"sampling_params": {"regex": "t4+"}}, "does not support constrained"),
+    "repetition_penalty": (
+        {"sampling_params": {"repetition_penalty": 1.3}},
+        "DDTree speculative decoding does not support repetition_penalty",
+    ),
+    "min_new_tokens": (
+        {"sampling_params": {"min_new_tokens": 4, "frequency_penalty": 0.5}},
+        "does not support frequency_penalty, min_new_tokens",
+    ),
 }
 
 

@@ -18,6 +18,16 @@ p < 1e-4, under two fifths of the control's; the control's distortion is w ~ 0.7
 (measured), which n = 500 rejects at p < 1e-8 (detectable there: w >= 0.46). The
 control also checks that the lossless servers' n would have caught a distortion
 of its size. Each server runs one call's requests (``PER_CALL``) as one batch.
+
+Sampling parameters (``PARAMS``): top_k 3, top_p 0.8, min_p 0.3, and
+temperature 0.7 with top_k 4, top_p 0.9 and min_p 0.1, n = 1000 each on plain
+SGLang, DDTree dense (budget 16, every token a child) and budget 4 with top-K 2
+(the memory-light path takes them at TP 2): against the exact distribution of SGLang's plain sampler
+(``sampling.plain_filter``; the plain server validates it), no sample outside
+what the filters keep, and a two-sample test against the plain server's own
+samples. Detectable at p < 1e-4 with 99% power: w >= 0.26, 0.25, 0.23, 0.25.
+The control: the distribution that ignores min_p (what linear DFlash's verify
+target serves) is rejected.
 """
 
 from __future__ import annotations
@@ -36,7 +46,9 @@ from cpu_engine.sampling import (
     detectable_effect,
     effect_size,
     exact_first_three,
+    outside_support,
     sample_first_three,
+    two_sample_p,
 )
 from cpu_engine.server import dflash_args
 
@@ -67,14 +79,31 @@ SERVERS = {
     "plain": (None, None, REQUESTS),
     "ddtree-dense": ((), None, REQUESTS),
     "ddtree-light": ((), {"SGLANG_DDTREE_DENSE_SAMPLING_MAX_ELEMENTS": "0"}, REQUESTS),
+    "ddtree-small-k2": (
+        ("--speculative-dflash-tree-budget", "4", "--speculative-dflash-tree-topk",
+         "2"), None, REQUESTS
+    ),
     "ddtree-threshold-acc-0.5": (
         ("--speculative-accept-threshold-acc", "0.5"), None, CONTROL_REQUESTS
     ),
+}
+LOSSLESS = ["plain", "ddtree-dense", "ddtree-light", "ddtree-small-k2"]
+# The sampling parameters on both tree sizes; the memory-light path takes them at
+# TP 2 (test_ddtree_engine_tp2_sampling).
+WITH_PARAMS = ["plain", "ddtree-dense", "ddtree-small-k2"]
+# Sampling parameters beyond the temperature (TEMPERATURE unless given), each
+# applied by plain decoding's sampler at every token (``sampling.plain_filter``).
+PARAMS = {
+    "top_k": {"top_k": 3},
+    "top_p": {"top_p": 0.8},
+    "min_p": {"min_p": 0.3},
+    "combined": {"temperature": 0.7, "top_k": 4, "top_p": 0.9, "min_p": 0.1},
 }
 
 
 @pytest.fixture(scope="module")
 def samples(server_pool, models):
+    """name -> (temperature-only samples, server log, {param set: samples})."""
     configs = []
     for name, (extra, env, _) in SERVERS.items():
         args = [] if extra is None else _spec_args(models, *extra)
@@ -82,15 +111,30 @@ def samples(server_pool, models):
         config = ServerConfig.of(models.target, args, env, name=f"sampling-{name}")
         configs.append(config)
     servers = server_pool.each(configs)
+    out = {}
+    for (name, (*_, requests)), server in zip(SERVERS.items(), servers):
+        tokens = sample_first_three(server.url, requests)
+        by_params = {}
+        if name in WITH_PARAMS:
+            by_params = {
+                key: sample_first_three(server.url, REQUESTS, **params)
+                for key, params in PARAMS.items()
+            }
+        out[name] = (tokens, server.log_path.read_text(), by_params)
+    return out
+
+
+@pytest.fixture(scope="module")
+def exact_filtered(models) -> dict[str, torch.Tensor]:
     return {
-        name: (sample_first_three(server.url, requests), server.log_path.read_text())
-        for (name, (*_, requests)), server in zip(SERVERS.items(), servers)
+        key: exact_first_three(models.target, **params)
+        for key, params in PARAMS.items()
     }
 
 
 @pytest.mark.parametrize("name", ["plain", "ddtree-dense", "ddtree-light"])
 def test_first_three_tokens_follow_the_target(samples, exact, name):
-    tokens, _ = samples[name]
+    tokens, *_ = samples[name]
     assert tokens.shape == (REQUESTS, 3)
     assert chi_square_p(tokens, exact) > P_LOSSLESS
 
@@ -112,8 +156,41 @@ def test_no_false_greedy_fallback_warning(samples, name):
 
 
 def test_negative_control_threshold_acc_half_is_detected(samples, exact):
-    tokens, log = samples["ddtree-threshold-acc-0.5"]
+    tokens, log, _ = samples["ddtree-threshold-acc-0.5"]
     assert "DDTree sampling verify: dense" in log
     assert chi_square_p(tokens, exact) < P_LOSSY
     # The lossless servers' sample size catches a distortion of this size.
     assert effect_size(tokens, exact) > detectable_effect(REQUESTS, exact, P_LOSSLESS)
+
+
+@pytest.mark.parametrize("params", sorted(PARAMS))
+@pytest.mark.parametrize("name", WITH_PARAMS)
+def test_sampling_parameters_follow_plain_decodings_distribution(
+    samples, exact_filtered, name, params
+):
+    """top_k, top_p, min_p and all of them together: the samples follow the
+    exact filtered distribution, and never fall outside what the filters keep."""
+    tokens = samples[name][2][params]
+    exact = exact_filtered[params]
+    assert tokens.shape == (REQUESTS, 3)
+    assert outside_support(tokens, exact) == 0
+    assert chi_square_p(tokens, exact) > P_LOSSLESS
+
+
+@pytest.mark.parametrize("params", sorted(PARAMS))
+@pytest.mark.parametrize("name", [n for n in WITH_PARAMS if n != "plain"])
+def test_sampling_parameters_match_the_plain_servers_samples(samples, name, params):
+    """The two-sample test against the plain server itself (no model of the
+    sampler in between)."""
+    plain = samples["plain"][2][params].tolist()
+    assert two_sample_p(plain, samples[name][2][params].tolist()) > P_LOSSLESS
+
+
+def test_control_ignoring_min_p_is_detected(samples, exact_filtered, models):
+    """Linear DFlash's verify target never applies min_p: the test rejects the
+    distribution that ignores it, at the sample size the lossless tests use."""
+    wrong = exact_first_three(models.target)  # the temperature alone
+    tokens = samples["plain"][2]["min_p"]
+    assert chi_square_p(tokens, wrong) < P_LOSSY
+    exact = exact_filtered["min_p"]
+    assert effect_size(tokens, wrong) > detectable_effect(REQUESTS, exact, P_LOSSLESS)

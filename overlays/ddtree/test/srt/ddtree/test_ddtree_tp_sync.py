@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang.srt.speculative.ddtree_config import DDTreeConfig
-from sglang.srt.speculative.ddtree_step import accept_sampling, build_verify_step
+from sglang.srt.speculative.ddtree_step import accept_sampling
 from sglang.srt.speculative.ddtree_worker import DDTreeVerifier, _sync_accept
 
 BS, DEPTH, K, BUDGET, VOCAB = 3, 3, 3, 8, 12
@@ -124,3 +124,27 @@ def test_a_kernel_that_fails_to_build_fails_the_start_with_a_clear_error(monkeyp
     message = str(info.value)
     assert "could not build or load its kernels on cpu at start" in message
     assert "nvcc: not found" in message and "ddeploy build" in message
+
+
+def test_path_logits_are_the_accepted_rows_in_chain_layout():
+    """Logprobs read row b * S + k: the verify row that produced request b's
+    k-th committed token; rows past the accepted path repeat the root's."""
+    verifier, gen = _verifier(1)
+    width = BUDGET + 1
+    logits = torch.randn(BS * width, VOCAB, generator=gen)
+    tokens = verifier._step.tokens.reshape(-1)
+    logits[torch.arange(BS * width), torch.roll(tokens, -1)] += 10.0
+    accept_len, _, _, out_tokens, _ = verifier.accept(
+        logits, None, None, None, 1.0, 1.0
+    )
+    rows = verifier.path_logits(logits)
+    s = DEPTH + 1
+    assert rows.shape == (BS * s, VOCAB)
+    index = verifier._accept.accept_index.tolist()
+    for b in range(BS):
+        for k in range(s):
+            slot = index[b][k] if k <= int(accept_len[b]) else b * width
+            assert torch.equal(rows[b * s + k], logits[slot])
+            if k <= int(accept_len[b]):  # the committed token is that row's argmax
+                assert int(rows[b * s + k].argmax()) == int(out_tokens[b, k])
+    assert int(accept_len.max()) > 0  # the tree was followed somewhere

@@ -9,8 +9,9 @@ Three checkpoints, each with one clear error per unsupported setting:
   * ``DDTreeConfig.for_worker`` + ``check_ddtree_worker``: when the DFlash
     worker starts and knows the target (vocabulary, attention backend, model
     family) and the draft (its proposal head).
-  * ``ddtree_request_error``: per request, for features the tree verify does
-    not serve; the scheduler aborts that request and keeps serving the others.
+  * ``ddtree_request_error``: per request, for parameters the tree verify
+    cannot serve exactly (penalties); the scheduler aborts that request and
+    keeps serving the others.
 
 Why W can exceed budget + 1: the draft block writes block_size KV slots from
 the prefix on, and those slots must lie inside the verify window the scheduler
@@ -208,16 +209,36 @@ def check_ddtree_worker(
         raise ValueError("DDTree does not support --attn-dp-size > 1 yet.")
 
 
+# Sampling parameters whose plain-decoding effect depends on the tokens
+# generated so far: (name, its no-op value).
+PATH_DEPENDENT_PARAMS = (
+    ("frequency_penalty", 0.0),
+    ("presence_penalty", 0.0),
+    ("repetition_penalty", 1.0),
+    ("min_new_tokens", 0),
+)
+
+
 def ddtree_request_error(req: Any) -> Optional[str]:
-    """Why the tree verify cannot serve ``req`` (a scheduler Req), or None."""
+    """Why the tree verify cannot serve ``req`` (a scheduler Req), or None.
+
+    Grammars, logprobs, logit bias and custom logit processors are served.
+    Penalties are not: plain decoding updates them after every token, while a
+    verify applies the state before the step to every tree node, so a
+    penalised request would be served from another distribution (linear
+    DFlash does exactly that; DDTree refuses instead).
+    """
     params = req.sampling_params
-    grammar = ("json_schema", "regex", "ebnf", "structural_tag")
-    if any(getattr(params, name, None) is not None for name in grammar):
-        return "DDTree speculative decoding does not support constrained decoding yet."
-    if req.return_logprob:
-        return "DDTree speculative decoding does not support return_logprob yet."
-    if getattr(req, "custom_logit_processor", None) is not None:
+    used = [
+        name
+        for name, default in PATH_DEPENDENT_PARAMS
+        if getattr(params, name, default) != default
+    ]
+    if used:
         return (
-            "DDTree speculative decoding does not support custom logit processors yet."
+            f"DDTree speculative decoding does not support {', '.join(used)}: "
+            "its verify would apply the penalties before the step to every "
+            "draft token, not plain decoding's; send it without them or to a "
+            "server without --speculative-dflash-tree-budget."
         )
     return None

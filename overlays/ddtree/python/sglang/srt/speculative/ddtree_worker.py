@@ -31,6 +31,7 @@ from sglang.srt.speculative.ddtree_config import (
     check_ddtree_worker,
 )
 from sglang.srt.speculative.ddtree_head import DDTreeDraftHead
+from sglang.srt.speculative.ddtree_sampling import SamplingRows, plain_sampling_probs
 from sglang.srt.speculative.ddtree_step import (
     DDTreeAccept,
     DDTreeVerifyStep,
@@ -57,9 +58,16 @@ DDTREE_LIGHT_CHUNK_ELEMENTS = 1 << 26
 class DDTreeVerifier:
     """Per-worker DDTree state: the config, the eager head, the step in flight."""
 
-    def __init__(self, config: DDTreeConfig, eager_head: DDTreeDraftHead):
+    def __init__(
+        self,
+        config: DDTreeConfig,
+        eager_head: DDTreeDraftHead,
+        sampling_backend: str = "pytorch",
+    ):
         self.config = config
         self.eager_head = eager_head
+        # The plain sampler's filter order depends on it (ddtree_sampling).
+        self.sampling_backend = sampling_backend
         self._step: Optional[DDTreeVerifyStep] = None
         self._accept: Optional[DDTreeAccept] = None
         self._logged_paths: set[str] = set()
@@ -94,7 +102,9 @@ class DDTreeVerifier:
             config.block_size,
             config.verify_width,
         )
-        verifier = cls(config, head)
+        from sglang.srt.runtime_context import get_exec
+
+        verifier = cls(config, head, str(get_exec().kernel.sampling_backend))
         if torch.device(runner.device).type == "cuda":
             verifier.build_kernels(torch.device(runner.device), vocab)
         return verifier
@@ -152,6 +162,7 @@ class DDTreeVerifier:
         backend, _ = resolve_dflash_verify_mask_policy(runner.attn_backend)
         is_mla = runner.model_config.attention_arch == AttentionArch.MLA
         check_ddtree_attention(backend, is_mla)
+        logger.info("DDTree tree verify attention: %s", backend)
 
     def make_head(self, **kwargs: Any) -> DDTreeDraftHead:
         """A capture-safe head for the draft CUDA graph (worker's sampler slot)."""
@@ -203,6 +214,34 @@ class DDTreeVerifier:
         )
         return self._step
 
+    def grammar_tree(self) -> Any:
+        """The step's tree for the grammar's vocabulary mask (SGLang GrammarTree).
+
+        Mask row b * W + i is the grammar state after node i's own path, so the
+        accept (greedy and sampled) only follows tokens the grammar allows.
+        Starts the device-to-host copy: call before the target verify launch.
+        """
+        from sglang.srt.speculative.spec_utils import GrammarTree
+
+        step = self._step
+        return GrammarTree.from_device(
+            step.retrieve.retrieve_next_token,
+            step.retrieve.retrieve_next_sibling,
+            step.tokens,
+        )
+
+    def path_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The accepted path's verify rows in chain layout: [bs * S, V].
+
+        logits [bs * W, V] (after the grammar mask and logit adjustments); row
+        b * S + k is the row that produced request b's k-th committed token,
+        the layout linear DFlash's logprobs and sampling masks read. Rows past
+        the accepted path repeat the root's (never read).
+        """
+        index = self._accept.accept_index.to(torch.int64)
+        root = index[:, :1]
+        return logits[torch.where(index < 0, root, index).reshape(-1)]
+
     def accept(
         self,
         next_token_logits: Optional[torch.Tensor],
@@ -230,17 +269,11 @@ class DDTreeVerifier:
         step = self._step
         s = self.config.num_speculative_tokens
         if target_predict is None and not _all_greedy(sampling_info):
-            top_k = {
-                "max_top_k": getattr(draft_input, "max_top_k", None),
-                "uniform_top_k_value": getattr(
-                    draft_input, "uniform_top_k_value", None
-                ),
-            }
             accept = self._accept_sampled(
                 step,
                 next_token_logits,
                 sampling_info,
-                top_k,
+                getattr(draft_input, "max_top_k", None),
                 threshold_single,
                 threshold_acc,
                 tp_sync,
@@ -259,44 +292,37 @@ class DDTreeVerifier:
         step,
         logits,
         sampling_info,
-        top_k,
+        max_top_k,
         threshold_single,
         threshold_acc,
         tp_sync,
     ) -> DDTreeAccept:
-        from sglang.srt.speculative.dflash_utils import (
-            build_speculative_verify_target_probs,
-        )
+        """Sampled accept against plain decoding's distribution at every slot.
 
+        max_top_k: the batch's host bound on top_k (``DFlashDraftInputV2``),
+        so the top-k filter reads nothing back.
+        """
         bs, width = step.tokens.shape
         s = self.config.num_speculative_tokens
         vocab = logits.shape[-1]
         if use_dense_sampling(bs, width, vocab):
             self._log_path_once(f"dense tree speculative sampling ({_impl(logits)})")
-            probs = build_speculative_verify_target_probs(
-                next_token_logits=logits,
-                sampling_info=sampling_info,
-                draft_token_num=width,
-                bs=bs,
-                **top_k,
-            )
+            rows = SamplingRows.of(sampling_info, width, max_top_k)
+            probs = plain_sampling_probs(logits, rows, self.sampling_backend)
             accept = accept_sampling(
-                step, probs, s, threshold_single, threshold_acc
+                step, probs.view(bs, width, vocab), s, threshold_single, threshold_acc
             )
             return _sync_accept(tp_sync, accept)
         self._log_path_once("one target sample per slot, then the greedy walk")
         samples = torch.empty((bs * width,), dtype=torch.int64, device=logits.device)
-        rows = light_chunk_rows(width, vocab)
-        for start in range(0, bs * width, rows):
-            chunk = slice(start, min(start + rows, bs * width))
-            probs = build_speculative_verify_target_probs(
-                next_token_logits=logits[chunk],
-                sampling_info=_RowsView(sampling_info, chunk, width),
-                draft_token_num=width,
-                bs=(chunk.stop - chunk.start) // width,
-                **top_k,  # the batch's bound holds for any of its requests
+        rows = SamplingRows.of(sampling_info, width, max_top_k)
+        step_rows = light_chunk_rows(width, vocab)
+        for start in range(0, bs * width, step_rows):
+            chunk = slice(start, min(start + step_rows, bs * width))
+            probs = plain_sampling_probs(
+                logits[chunk], rows.select(chunk), self.sampling_backend
             )
-            samples[chunk] = sample_per_slot(probs.view(-1, vocab))
+            samples[chunk] = sample_per_slot(probs)
         _sync(tp_sync, "DFLASH_ACCEPT_SAMPLE", samples)
         return accept_by_target_samples(step, samples.view(bs, width), s)
 
@@ -344,20 +370,6 @@ class DDTreeVerifier:
 def light_chunk_rows(width: int, vocab: int) -> int:
     """Verify rows per memory-light chunk: whole requests of ``width`` rows."""
     return max(1, DDTREE_LIGHT_CHUNK_ELEMENTS // (width * vocab)) * width
-
-
-class _RowsView:
-    """The sampling params of the requests whose verify rows ``rows`` covers."""
-
-    def __init__(self, sampling_info: Any, rows: slice, width: int):
-        self._info = sampling_info
-        self._reqs = slice(rows.start // width, rows.stop // width)
-
-    def __getattr__(self, name: str) -> Any:
-        value = getattr(self._info, name)
-        if name in ("temperatures", "top_ks", "top_ps", "min_ps"):
-            return value[self._reqs]
-        return value
 
 
 def _sync(tp_sync: Any, site: str, values: torch.Tensor) -> torch.Tensor:

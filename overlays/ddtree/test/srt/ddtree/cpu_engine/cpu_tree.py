@@ -23,8 +23,9 @@ path there. :func:`prepare_cpu_tree` copies a ``python/`` directory (the one hol
    groups, so TP > 1 runs on CPU (stock creates one for any multi-rank group);
 10. ``speculative/ddtree_worker.py``: calls into ``ddtree_test_hooks`` (copied
     beside it from this directory): per-rank records of the committed tokens,
-    per-rank coins and a shifted-mask control, each off unless its environment
-    variable is set (see that module).
+    per-rank coins, a shifted-mask control, a sibling-swapped grammar control
+    and an accept-sync control, each off unless its environment variable is set
+    (see that module).
 
 Where a test runs the target's verify through SGLang's own ``TritonAttnBackend``
 (``--attention-backend triton``), changes 3, 7 and 8 are not on its path: the
@@ -290,6 +291,28 @@ CHANGES: tuple[Change, ...] = (
         "        from sglang.srt.speculative import ddtree_test_hooks  # test-only\n\n"
         "        ddtree_test_hooks.corrupt_mask(self._step)\n"
         "        return self._step\n",
+        optional=True,
+    ),
+    Change(
+        "ddtree_worker: test hook on DDTree's accept sync (sync control)",
+        _DDTREE_WORKER,
+        "        step = self._step\n        s = self.config.num_speculative_tokens\n",
+        "        from sglang.srt.speculative import ddtree_test_hooks  # test-only\n\n"
+        "        tp_sync = ddtree_test_hooks.accept_sync(tp_sync)\n"
+        "        step = self._step\n        s = self.config.num_speculative_tokens\n",
+        optional=True,
+    ),
+    Change(
+        "ddtree_worker: test hook on the grammar tree's tokens (grammar control)",
+        _DDTREE_WORKER,
+        "        step = self._step\n        return GrammarTree.from_device(\n"
+        "            step.retrieve.retrieve_next_token,\n"
+        "            step.retrieve.retrieve_next_sibling,\n            step.tokens,\n",
+        "        from sglang.srt.speculative import ddtree_test_hooks  # test-only\n\n"
+        "        step = self._step\n        return GrammarTree.from_device(\n"
+        "            step.retrieve.retrieve_next_token,\n"
+        "            step.retrieve.retrieve_next_sibling,\n"
+        "            ddtree_test_hooks.grammar_tokens(step),\n",
         optional=True,
     ),
 )

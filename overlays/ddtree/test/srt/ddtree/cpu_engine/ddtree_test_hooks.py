@@ -15,6 +15,14 @@ environment asks for it:
 ``DDTREE_TEST_MASK=shift``
     shift the tree's FULL_MASK by one element (a mask in the wrong layout),
     a control that greedy equality must catch.
+``DDTREE_TEST_ACCEPT_SYNC=off``
+    DDTree's own accept broadcast is skipped (SGLang's other sync sites stay
+    as ``SGLANG_SPEC_TP_SYNC`` sets them), a control that per-rank coins must
+    make the ranks diverge.
+``DDTREE_TEST_GRAMMAR=swap-siblings``
+    the grammar's mask is built over the tree with sibling tokens swapped in
+    pairs (each node masked by its sibling's path: a mask over the wrong node
+    order), a control that greedy equality under a grammar must catch.
 """
 
 from __future__ import annotations
@@ -58,3 +66,25 @@ def corrupt_mask(step) -> None:
     if os.environ.get("DDTREE_TEST_MASK") != "shift":
         return
     step.custom_mask.copy_(torch.roll(step.custom_mask, 1))
+
+
+def grammar_tokens(step) -> torch.Tensor:
+    """The tokens the grammar tree is built over: the step's, or with sibling
+    pairs swapped (DDTREE_TEST_GRAMMAR=swap-siblings)."""
+    if os.environ.get("DDTREE_TEST_GRAMMAR") != "swap-siblings":
+        return step.tokens
+    tokens = step.tokens.clone()
+    siblings = step.retrieve.retrieve_next_sibling.tolist()
+    for b, row in enumerate(siblings):
+        swapped = set()
+        for i, j in enumerate(row):
+            if j >= 0 and i not in swapped and j not in swapped:
+                tokens[b, i], tokens[b, j] = step.tokens[b, j], step.tokens[b, i]
+                swapped.update((i, j))
+    return tokens
+
+
+def accept_sync(tp_sync):
+    """The worker's SpecTpSync for DDTree's accept, or None when
+    DDTREE_TEST_ACCEPT_SYNC=off (the control)."""
+    return None if os.environ.get("DDTREE_TEST_ACCEPT_SYNC") == "off" else tp_sync

@@ -2,7 +2,8 @@
 
 Nothing can be downloaded on the test machines, so both models are written locally in
 about a second: a 2-layer ``LlamaForCausalLM`` (hidden 64, 4 heads, 2 KV heads,
-head_dim 16) with a ``tokenizers`` WordLevel tokenizer, and a 1-layer
+head_dim 16) with a ``tokenizers`` WordLevel tokenizer (characters and a few
+words, :data:`TOKEN_TEXTS`), and a 1-layer
 ``DFlashDraftModel`` checkpoint written by hand (SGLang's ``models/dflash.py`` weight
 names; it has no embedding or LM head of its own and borrows the target's).
 
@@ -100,15 +101,36 @@ def _torch_dtype(dtype: str) -> torch.dtype:
         raise ValueError(f"unsupported dtype {dtype!r}") from None
 
 
+# What tokens 4.. spell: single characters and a few words, so grammars (JSON,
+# regexes, EBNF, tool-call tags) can be written over a vocabulary of 64, and a
+# string has more than one tokenization (a tree holds both). Ids past the list
+# spell ``t<id>``.
+TOKEN_TEXTS = (
+    list('{}":,+[]')
+    + list("0123456789")
+    + list("abcdefghijklmnopqrstuvwxyz")
+    + list("<>/=_-.")
+    + ["true", "false", "null", '"id"', '"name"', "ab", "ba", "yes", "no"]
+)
+
+
+def token_texts(vocab: int) -> list[str]:
+    """What each id of a ``vocab``-token tokenizer spells (specials included)."""
+    rest = [f"t{i}" for i in range(len(_SPECIALS) + len(TOKEN_TEXTS), vocab)]
+    return (list(_SPECIALS) + TOKEN_TEXTS + rest)[:vocab]
+
+
 def write_tokenizer(path: Path, vocab: int) -> None:
-    """A WordLevel tokenizer over ``<pad> <s> </s> <unk> t4 ... t{vocab-1}``."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """A WordLevel tokenizer over ``<pad> <s> </s> <unk>`` then
+    :data:`TOKEN_TEXTS`; decoding concatenates the tokens' texts (``Fuse``), so a
+    grammar's constraint on the text is one on the token sequence."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = {w: i for i, w in enumerate(_SPECIALS)}
-    words.update({f"t{i}": i for i in range(len(_SPECIALS), vocab)})
+    words = {w: i for i, w in enumerate(token_texts(vocab))}
     tok = Tokenizer(models.WordLevel(vocab=words, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
         unk_token="<unk>",
@@ -326,7 +348,7 @@ def make_tiny_models(
 ) -> TinyModels:
     """Write ``root/target`` and ``root/draft`` (deterministic for ``seed``).
 
-    vocab: at least 8 (four specials, then ``t4`` ...; 16 to 64 for
+    vocab: at least 8 (four specials, then :data:`TOKEN_TEXTS`; 16 to 64 for
     "alternating"); block_size: the DFlash verify width (the draft's ``block_size``,
     picked up by SGLang); kind: see the module docstring.
     """

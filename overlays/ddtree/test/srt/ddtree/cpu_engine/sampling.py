@@ -23,8 +23,24 @@ P_LOSSLESS = 1e-4  # a correct server fails this once in 10,000 runs
 P_LOSSY = 1e-8
 
 
-def exact_first_three(model_dir: Path) -> torch.Tensor:
-    """p(t1, t2, t3 | PROMPT) at TEMPERATURE, float64 [V, V, V], from HF."""
+def plain_filter(probs: torch.Tensor, top_k=None, top_p=1.0, min_p=0.0):
+    """What SGLang's plain sampler (``--sampling-backend pytorch``, CPU) draws
+    from, given the softmax probs [..., V]: over the probabilities sorted
+    descending it keeps rank r iff r < top_k, the mass before r is <= top_p and
+    p >= min_p * p_max; the kept ones renormalised."""
+    values, index = probs.sort(dim=-1, descending=True)
+    rank = torch.arange(probs.shape[-1])
+    keep = (torch.cumsum(values, -1) - values) <= top_p
+    if top_k is not None:
+        keep &= rank < top_k
+    keep &= values >= values[..., :1] * min_p
+    kept = torch.zeros_like(probs).scatter(-1, index, values * keep)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def exact_first_three(model_dir: Path, temperature: float = TEMPERATURE, **filters):
+    """p(t1, t2, t3 | PROMPT), float64 [V, V, V], from HF: at ``temperature``
+    with the plain sampler's ``filters`` (top_k, top_p, min_p) at every step."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -33,25 +49,22 @@ def exact_first_three(model_dir: Path) -> torch.Tensor:
     with torch.no_grad():
         logits = model(torch.cat([prompt, pairs], dim=1)).logits.double()
     n = len(PROMPT)
-    probs = torch.softmax(logits[:, n - 1 :, :] / TEMPERATURE, dim=-1)
+    probs = torch.softmax(logits[:, n - 1 :, :] / temperature, dim=-1)
+    probs = plain_filter(probs, **filters)
     p1 = probs[0, 0]  # [V]
     p2 = probs[::VOCAB, 1]  # [V] rows of t1 -> p(t2 | t1)
     p3 = probs[:, 2].view(VOCAB, VOCAB, VOCAB)  # p(t3 | t1, t2)
     return p1[:, None, None] * p2[:, :, None] * p3
 
 
-def sample_first_three(url: str, requests: int) -> torch.Tensor:
-    """``requests`` samples of the first three generated tokens, int64 [n, 3]."""
+def sample_first_three(url: str, requests: int, **sampling) -> torch.Tensor:
+    """``requests`` samples of the first three generated tokens, int64 [n, 3],
+    at TEMPERATURE unless ``sampling`` (sampling params) says otherwise."""
+    params = {"max_new_tokens": 3, "temperature": TEMPERATURE, "ignore_eos": True}
+    params.update(sampling)
     rows = []
     for _ in range(requests // PER_CALL):
-        body = {
-            "input_ids": [PROMPT] * PER_CALL,
-            "sampling_params": {
-                "max_new_tokens": 3,
-                "temperature": TEMPERATURE,
-                "ignore_eos": True,
-            },
-        }
+        body = {"input_ids": [PROMPT] * PER_CALL, "sampling_params": params}
         request = urllib.request.Request(
             url + "/generate",
             json.dumps(body).encode(),
@@ -60,6 +73,11 @@ def sample_first_three(url: str, requests: int) -> torch.Tensor:
         with urllib.request.urlopen(request, timeout=600) as response:
             rows += [r["output_ids"][:3] for r in json.load(response)]
     return torch.tensor(rows)
+
+
+def outside_support(tokens: torch.Tensor, exact: torch.Tensor) -> int:
+    """How many samples fall where ``exact`` has no mass (a filter broken)."""
+    return int((exact[tokens[:, 0], tokens[:, 1], tokens[:, 2]] == 0).sum())
 
 
 def _pooled(tokens: torch.Tensor, exact: torch.Tensor):
@@ -71,6 +89,8 @@ def _pooled(tokens: torch.Tensor, exact: torch.Tensor):
     rare = expected < 5
     observed = torch.cat([observed[~rare], observed[rare].sum()[None]])
     expected = torch.cat([expected[~rare], expected[rare].sum()[None]])
+    if expected[-1] == 0 and observed[-1] == 0:  # a filter left no rare cell
+        observed, expected = observed[:-1], expected[:-1]
     return observed, expected
 
 
@@ -79,6 +99,8 @@ def chi_square_p(tokens: torch.Tensor, exact: torch.Tensor) -> float:
     from scipy.stats import chisquare
 
     observed, expected = _pooled(tokens, exact)
+    if len(observed) < 2:
+        raise ValueError("one possible outcome: nothing for a chi-square to test")
     return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
 
 
@@ -103,3 +125,26 @@ def detectable_effect(
     critical = chi2.isf(alpha, df)
     lam = brentq(lambda x: ncx2.sf(critical, df, x) - power, 1e-9, 1e7)
     return (lam / n) ** 0.5
+
+
+def two_sample_p(a, b) -> float:
+    """Chi-square p-value that two samples of outputs (sequences of token ids)
+    come from one distribution; outputs expected fewer than 5 times in either
+    sample are pooled into one category."""
+    from collections import Counter
+
+    from scipy.stats import chi2_contingency
+
+    count_a, count_b = Counter(map(tuple, a)), Counter(map(tuple, b))
+    cells = sorted(set(count_a) | set(count_b))
+    table = torch.tensor(
+        [[count_a[c] for c in cells], [count_b[c] for c in cells]], dtype=torch.float64
+    )
+    total = table.sum()
+    expected = table.sum(dim=1, keepdim=True) * table.sum(dim=0) / total
+    rare = (expected < 5).any(dim=0)
+    pooled = torch.cat([table[:, ~rare], table[:, rare].sum(dim=1, keepdim=True)], 1)
+    pooled = pooled[:, pooled.sum(dim=0) > 0]
+    if pooled.shape[1] < 2:
+        return 1.0
+    return float(chi2_contingency(pooled.numpy(), correction=False).pvalue)

@@ -43,11 +43,14 @@ BASE_ARGS = (
     "--disable-cuda-graph",
     "--dtype", "float32",
     "--max-total-tokens", "4096",
-    "--max-running-requests", "4",
+    # A batch of 16: the tests' concurrent requests, and grammar samples.
+    "--max-running-requests", "16",
     "--sleep-on-idle",
     "--host", "127.0.0.1",
     "--random-seed", "0",
     "--skip-server-warmup",
+    # Requests may carry a logit processor (test_ddtree_engine_greedy_requests).
+    "--enable-custom-logit-processor",
 )
 LOG_TAIL_LINES = 60
 
