@@ -40,7 +40,15 @@ SLOW_FIXTURES = {"sshd_fleet", "hosts", "ddeploy", "python_hosts", "kernel_sets"
 # CPU-engine tests in one group of their own). Groups go out longest first, so that the last units
 # the scheduler hands out are short: the CPU-engine tests, then these modules (minutes each,
 # docs/testing.md), then the rest in file order.
-LONG_GROUPS = ("cpu-engine", "test_serving.py", "test_build.py", "test_launch.py", "test_remote_test.py")
+LONG_GROUPS = (
+    "cpu-engine",
+    "test_serving.py",
+    "cpu-engine-mla",
+    "cpu-engine-sampling",
+    "test_build.py",
+    "test_launch.py",
+    "test_remote_test.py",
+)
 TESTS_DIR = Path(__file__).resolve().parent
 
 

@@ -25,7 +25,7 @@ COMPONENTS = (
     "import msgspec ",
     "import apache-tvm-ffi 0.1.11 ",
     "import ninja ",
-    "import DDTree modules (14): ",
+    "import DDTree modules (15): ",
     "import DDTree kernel sources sha256 ",
     "import SGLang JIT loader (sglang 0.5.23",
     "import SGLang Triton attention (sglang 0.5.23 + overlays/ddtree @ ",

@@ -5,9 +5,10 @@
 # Flag spellings are SGLang 0.5.23's (python/sglang/srt/arg_groups/fields/*.py), except
 # --speculative-dflash-tree-budget and --speculative-dflash-tree-topk: the ddtree overlay's
 # SGLang wiring patch adds those two.
-# DDTree is proven on SGLang's CPU engine (tiny models): TP 1 and 2, MHA (Llama) and MLA + MoE
-# (DeepSeek-V3 / Kimi K2 architecture), verify through SGLang's TritonAttnBackend, greedy and
-# sampling lossless, TP ranks commit the same tokens. Not yet run on a GPU (docs/ddtree.md).
+# DDTree is proven on SGLang's CPU engine (tiny models): TP 1 and 2, MLA + MoE (DeepSeek-V3 /
+# Kimi K2 architecture) and MHA (Llama), verify through SGLang's TritonAttnBackend (MLA at TP 1
+# and 2, Llama at TP 1); greedy (grammars too), logprobs and sampling (temperature, top_k, top_p,
+# min_p) as plain decoding; TP ranks commit the same tokens. Not yet run on a GPU (docs/ddtree.md).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=/dev/null
