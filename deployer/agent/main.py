@@ -5,6 +5,7 @@ import os
 import signal
 import sys
 
+from .client import watch
 from .build import op_build, op_sources
 from .common import Fail
 from .deploy import op_lock_release, op_lock_status, op_log, op_plan, op_push, op_rollback, op_state, op_status
@@ -56,7 +57,10 @@ def detach() -> None:
 def main(argv: list, request=None) -> int:
     """argv: [program, OP]; request: the JSON text (from the client's program), else read on stdin."""
     try:
-        req = json.loads(request if request is not None else sys.stdin.buffer.read().decode())
+        if request is None:  # one line; the client holds stdin open after it until the call ends
+            request = sys.stdin.buffer.readline().decode()
+            watch(sys.stdin.fileno())
+        req = json.loads(request)
         op = argv[1] if len(argv) > 1 else req.get("op")
         if op not in ATTACHED:
             detach()

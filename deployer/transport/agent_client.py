@@ -143,9 +143,10 @@ def _program_head() -> bytes:
 
 
 def agent_stdin(request: dict[str, Any] | None = None) -> bytes:
-    """What the agent reads on stdin: the program (length-prefixed), then the request, if known."""
+    """What the agent reads on stdin: the program (length-prefixed), then the request (one line),
+    if known."""
     head = _program_head()
-    return head + json.dumps(request).encode() if request is not None else head
+    return head + json.dumps(request).encode() + b"\n" if request is not None else head
 
 
 def who() -> str:
@@ -182,7 +183,8 @@ class AgentSession:
         )
 
     def _start(self, op: str) -> StartedCommand:
-        return self.conn.start(agent_argv(self.host.python, op), first_input=agent_stdin())
+        # stdin stays open after the request: its end tells the agent this client has gone
+        return self.conn.start(agent_argv(self.host.python, op), first_input=agent_stdin(), hold_stdin=True)
 
     def start(self, op: str) -> None:
         """Start the agent for the next `op` call now; the call then only sends its request."""
@@ -191,7 +193,7 @@ class AgentSession:
     def _raw(self, op: str, request: dict[str, Any], stream, timeout) -> dict[str, Any]:
         req = {"op": op, "checkout": self.host.checkout, "by": who(), "command": self.command, **request}
         started = self._started.pop(op, None) or self._start(op)
-        res = started.finish(json.dumps(req).encode(), check=False, stream=stream, timeout=timeout)
+        res = started.finish(json.dumps(req).encode() + b"\n", check=False, stream=stream, timeout=timeout)
         lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
         if res.signal:  # not a cut connection: the host is up, the agent is gone
             raise errors.RemoteCommandError(

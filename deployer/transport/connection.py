@@ -179,10 +179,20 @@ class _LineSplitter:
 class StartedCommand:
     """A command started before all of its input is known: `first_input` went with the start,
     the rest goes with `finish`, which waits for the result. This one (the base and local
-    behaviour) simply runs the whole command at `finish`."""
+    behaviour) simply runs the whole command at `finish`. `hold_stdin`: the command's stdin stays
+    open until it ends, so end of file there tells it the client has gone (Ctrl-C, a cut link)."""
 
-    def __init__(self, conn: "Connection", argv: list[str], cwd: str | None, env: dict[str, str] | None, first: bytes):
+    def __init__(
+        self,
+        conn: "Connection",
+        argv: list[str],
+        cwd: str | None,
+        env: dict[str, str] | None,
+        first: bytes,
+        hold_stdin: bool = False,
+    ):
         self.conn, self.argv, self.cwd, self.env, self.first_input = conn, argv, cwd, env, first
+        self.hold_stdin = hold_stdin
 
     def finish(
         self,
@@ -194,7 +204,14 @@ class StartedCommand:
     ) -> RunResult:
         data = self.first_input + (input or b"")
         return self.conn.run(
-            self.argv, cwd=self.cwd, env=self.env, check=check, timeout=timeout, stream=stream, input=data
+            self.argv,
+            cwd=self.cwd,
+            env=self.env,
+            check=check,
+            timeout=timeout,
+            stream=stream,
+            input=data,
+            hold_stdin=self.hold_stdin,
         )
 
 
@@ -217,14 +234,22 @@ class Connection:
         timeout: float | None = None,
         stream: Stream | None = None,
         input: bytes | None = None,
+        hold_stdin: bool = False,
     ) -> RunResult:
+        """Run argv with `input` on its stdin; `hold_stdin`: keep stdin open until it ends."""
         raise NotImplementedError
 
     def start(
-        self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None, first_input: bytes = b""
+        self,
+        argv: list[str],
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        first_input: bytes = b"",
+        hold_stdin: bool = False,
     ) -> StartedCommand:
         """Start argv now with the first part of its stdin; `.finish(rest)` for the result."""
-        return StartedCommand(self, argv, cwd, env, first_input)
+        return StartedCommand(self, argv, cwd, env, first_input, hold_stdin)
 
     def close(self) -> None:
         pass
@@ -242,7 +267,7 @@ class LocalConnection(Connection):
     def __init__(self, host: Host, timeouts: Timeouts = Timeouts()):
         self.host, self.timeouts = host, timeouts
 
-    def run(self, argv, *, cwd=None, env=None, check=True, timeout=None, stream=None, input=None):
+    def run(self, argv, *, cwd=None, env=None, check=True, timeout=None, stream=None, input=None, hold_stdin=False):
         full_env = {**os.environ, **self.host.env, **(env or {})}
         timeout = timeout if timeout is not None else self.timeouts.command
         try:
@@ -256,7 +281,10 @@ class LocalConnection(Connection):
             )
         except OSError as exc:
             return _check(self.name, argv, RunResult(127, "", f"{argv[0]}: {exc.strerror}"), check)
-        out, err = _pump_local(proc, input, stream, timeout, self.name)
+        try:
+            out, err = _pump_local(proc, input, stream, timeout, self.name, hold_stdin)
+        finally:  # the command sees end of file now (when held: the client is done or gone)
+            _close_quietly(proc.stdin)
         if proc.returncode < 0:  # killed by a signal, as an SSH host reports with exit-signal
             name = signal.Signals(-proc.returncode).name
             return _check(self.name, argv, RunResult(signal_rc(name), out, err, signal=name[3:]), check)
@@ -264,12 +292,18 @@ class LocalConnection(Connection):
 
 
 def _pump_local(
-    proc: subprocess.Popen, input: bytes | None, stream: Stream | None, timeout: float | None, host: str
+    proc: subprocess.Popen,
+    input: bytes | None,
+    stream: Stream | None,
+    timeout: float | None,
+    host: str,
+    hold_stdin: bool = False,
 ) -> tuple[str, str]:
-    """Collect stdout, stream stderr line by line (progress), feed stdin; enforce the timeout."""
+    """Collect stdout, stream stderr line by line (progress), feed stdin (closed after the input
+    unless held); enforce the timeout."""
     if input:
-        threading.Thread(target=_feed_stdin, args=(proc.stdin, input), daemon=True).start()
-    else:
+        threading.Thread(target=_feed_stdin, args=(proc.stdin, input, not hold_stdin), daemon=True).start()
+    elif not hold_stdin:
         proc.stdin.close()
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     splitter = _LineSplitter(stream)
@@ -298,9 +332,18 @@ def _pump_local(
     return out.decode(errors="replace"), err.decode(errors="replace")
 
 
-def _feed_stdin(pipe, data: bytes) -> None:
+def _feed_stdin(pipe, data: bytes, close: bool = True) -> None:
     try:
         pipe.write(data)
+        pipe.flush()
+        if close:
+            pipe.close()
+    except (BrokenPipeError, OSError, ValueError):
+        pass
+
+
+def _close_quietly(pipe) -> None:
+    try:
         pipe.close()
     except (BrokenPipeError, OSError):
         pass
@@ -355,10 +398,11 @@ class SSHConnection(Connection):
                 raise
         return conn
 
-    def run(self, argv, *, cwd=None, env=None, check=True, timeout=None, stream=None, input=None):
-        return self.start(argv, cwd=cwd, env=env).finish(input, check=check, timeout=timeout, stream=stream)
+    def run(self, argv, *, cwd=None, env=None, check=True, timeout=None, stream=None, input=None, hold_stdin=False):
+        started = self.start(argv, cwd=cwd, env=env, hold_stdin=hold_stdin)
+        return started.finish(input, check=check, timeout=timeout, stream=stream)
 
-    def start(self, argv, *, cwd=None, env=None, first_input=b""):
+    def start(self, argv, *, cwd=None, env=None, first_input=b"", hold_stdin=False):
         words = [*_env_prefix({**self.host.env, **(env or {})}), *argv]
         line = quote_argv(words)
         if cwd:
@@ -373,7 +417,7 @@ class SSHConnection(Connection):
                 chan.sendall(first_input)
         except (SSHException, OSError, EOFError) as exc:
             raise _lost(self.name, argv, exc) from None
-        return _StartedChannel(self, argv, chan)
+        return _StartedChannel(self, argv, chan, hold_stdin)
 
     def close(self) -> None:
         from . import ssh
@@ -389,15 +433,17 @@ def _lost(host: str, argv: list[str], exc: BaseException) -> ConnectError:
 class _StartedChannel(StartedCommand):
     """A command running on an SSH channel; `finish` sends the rest of stdin and collects."""
 
-    def __init__(self, conn: "SSHConnection", argv: list[str], chan: paramiko.Channel):
-        self.conn, self.argv, self.chan = conn, argv, chan
+    def __init__(self, conn: "SSHConnection", argv: list[str], chan: paramiko.Channel, hold_stdin: bool = False):
+        self.conn, self.argv, self.chan, self.hold_stdin = conn, argv, chan, hold_stdin
 
     def finish(self, input=None, *, check=True, timeout=None, stream=None):
         timeout = timeout if timeout is not None else self.conn.timeouts.command
         try:
-            res = _pump_channel(self.chan, input, stream, timeout, self.conn.name)
+            res = _pump_channel(self.chan, input, stream, timeout, self.conn.name, self.hold_stdin)
         except (SSHException, OSError, EOFError) as exc:
             raise _lost(self.conn.name, self.argv, exc) from None
+        finally:  # the remote command sees end of file (when held: the client is done or gone)
+            self.chan.close()
         return _check(self.conn.name, self.argv, res, check)
 
 
@@ -420,11 +466,17 @@ def _channel_request(chan: paramiko.Channel, m: paramiko.Message) -> None:
 
 
 def _pump_channel(
-    chan: paramiko.Channel, input: bytes | None, stream: Stream | None, timeout: float | None, host: str
+    chan: paramiko.Channel,
+    input: bytes | None,
+    stream: Stream | None,
+    timeout: float | None,
+    host: str,
+    hold_stdin: bool = False,
 ) -> RunResult:
     if input:
         chan.sendall(input)
-    chan.shutdown_write()
+    if not hold_stdin:
+        chan.shutdown_write()
     out, err = bytearray(), bytearray()
     splitter = _LineSplitter(stream)
     deadline = time.monotonic() + timeout if timeout else None
