@@ -9,10 +9,11 @@ from .client import watch
 from .build import op_build, op_sources
 from .common import Fail
 from .deploy import op_lock_release, op_lock_status, op_log, op_plan, op_push, op_rollback, op_state, op_status
+from .bench import op_bench, op_bench_save
 from .launch import op_launch, op_logs, op_stop
 from .overlay_tests import op_test
 from .repo import Repo
-from .serving import op_bench, op_bench_save, op_wait
+from .serving import op_wait
 
 
 OPS = {

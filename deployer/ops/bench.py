@@ -1,11 +1,13 @@
 """`ddeploy bench`: measure what a host serves with SGLang's own benchmark client, run there.
 
-One connection. The agent checks the last launch serves (wait), runs the client per concurrency
-and the greedy probes (bench). With a baseline (`compare`: linear DFlash or plain decoding) the
-launch is stopped, the same topology is rendered again with the same --set values plus the
-baseline's (`tree_budget=0`, or no speculative algorithm), launched as a variant beside it,
-measured the same way and stopped, and the launch that was serving is started again from its own
-scripts and waited for, whatever happened in between. The result is saved on the host (the
+One connection, two agent calls. `wait` reads the serving launch (and waits until it serves); the
+client renders the baseline if one is asked for (`compare`: linear DFlash or plain decoding: the
+same topology with the same --set values plus the baseline's, `tree_budget=0` or no speculative
+algorithm); `bench` then runs everything on the host, under the host's launch lock: the client
+per concurrency and the greedy probes against the launch, and with a baseline: the launch
+stopped, the baseline started, waited for, measured and stopped, and the launch started again
+from its own scripts and waited for, whatever happened in between (a failed baseline, Ctrl-C, a
+cut link: the host restores it without the client). The result is saved on the host (the
 agent's state record, section `bench`; every result in `<launch_dir>/bench.jsonl`).
 """
 
@@ -20,16 +22,8 @@ from ..errors import GreedyMismatchError, StateError, UsageError
 from ..inventory import Host
 from ..render import RenderedUnit, render_hosts
 from ..transport.agent_client import AgentSession, agent_session
-from ..transport.protocol import (
-    BenchReply,
-    BenchSaveReply,
-    LaunchRecord,
-    LaunchReply,
-    HostState,
-    StateReply,
-    WaitReply,
-)
-from .launch import build_cache_dir, launch_dir, launch_units, stop_launch, stop_quietly, wait_serving
+from ..transport.protocol import BenchReply, BenchSaveReply, HostState, LaunchRecord, StateReply, WaitReply
+from .launch import build_cache_dir, unit_request, wait_serving
 
 Say = Callable[[str], None]
 
@@ -103,15 +97,22 @@ class Bench:
     def wait(self, base: str, started_here: bool = False) -> WaitReply:
         return wait_serving(self.agent, self.params.wait_timeout, self.say, base, started_here=started_here)
 
-    def measure(self, base: str, topology: str, probes: dict[str, Any] | None) -> BenchReply:
+    def measure(
+        self, base: str, record: LaunchRecord, probes: dict[str, Any] | None, compare: dict[str, Any] | None
+    ) -> BenchReply:
+        """The launch measured on the host, and with `compare` its baseline (the host restores the
+        launch afterwards, with or without this client)."""
         request = {
             "target": {"name": self.host.name},
-            "topology": topology,
+            "topology": record.topology,
             "base": base,
+            "launch_id": record.id,
             "python": self.host.python,
             "params": self.params.data(),
             "probes": probes,
             "timeout": self.params.run_timeout,
+            "wait_timeout": self.params.wait_timeout,
+            "compare": compare,
         }
         return self.agent.call("bench", request, BenchReply, stream=self.say)
 
@@ -119,11 +120,6 @@ class Bench:
     def state(self) -> HostState:
         """The host's state record, read once per run (its applied version and kernel builds)."""
         return self.agent.call("state", {}, StateReply).state
-
-    def restart(self, base: str, record: LaunchRecord) -> WaitReply:
-        request = {"target": {"name": self.host.name}, "base": base, "restart": record.to_data()}
-        self.agent.call("launch", request, LaunchReply, stream=self.say)
-        return self.wait(base, started_here=True)
 
     # -- the run ------------------------------------------------------------------------------
 
@@ -168,33 +164,22 @@ class Bench:
         if greedy:
             prompts = probe_prompts(int(values["model_vocab_size"]), self.params.seed)
             probes = {"prompts": prompts, "output_len": min(self.params.output_len, PROBE_MAX_TOKENS)}
-        self.say(f"measuring {serving.config} ({record.topology})")
-        rows = [(record, self.measure(base, record.topology, probes))]
+        baseline = None
         if compare:
-            rows.append(self.baseline(base, record, compare, probes))
+            extra = BASELINES[compare]
+            baseline_units = self.render(record, extra)
+            baseline = {
+                "variant": compare,
+                "sets": [*record.sets, *extra],
+                "units": [unit_request(u) for u in baseline_units],
+            }
+        then = f", then the {compare} baseline" if compare else ""
+        self.say(f"measuring {serving.config} ({record.topology}){then}")
+        reply = self.measure(base, record, probes, baseline)
+        if reply.restored is not None:
+            self.say(f"{record.topology} serves again (pid {', '.join(str(u.pid) for u in reply.restored.units)})")
+        rows = [(m.record, m) for m in reply.measured]
         return self.result(base, rows, compare, probes)
-
-    def baseline(self, base: str, record: LaunchRecord, compare: str, probes) -> tuple[LaunchRecord, BenchReply]:
-        """Stop the launch, serve and measure the baseline, stop it, start the launch again."""
-        units = self.render(record, BASELINES[compare])
-        stop_launch(self.agent, base, self.say)
-        failure: BaseException | None = None
-        measured: tuple[LaunchRecord, BenchReply] | None = None
-        try:
-            self.say(f"launching the {compare} baseline of {record.topology}")
-            launch_units(self.agent, units, self.say, sets=(*record.sets, *BASELINES[compare]), variant=compare)
-            waited = self.wait(launch_dir(units), started_here=True)
-            self.say(f"measuring {waited.serving[0].config} ({record.topology})")
-            measured = (waited.record, self.measure(base, record.topology, probes))
-        except BaseException as exc:  # noqa: BLE001 - re-raised after the launch serves again
-            failure = exc
-        finally:
-            stop_quietly(self.agent, base, self.say)
-            self.say(f"starting {record.topology} again")
-            self.restart(base, record)
-        if failure is not None or measured is None:
-            raise failure or StateError(f"the {compare} baseline was not measured", host=self.host.name)
-        return measured
 
     def result(self, base: str, rows, compare: str | None, probes) -> dict[str, Any]:
         state = self.state

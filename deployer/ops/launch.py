@@ -135,21 +135,44 @@ def launch(
         units = by_host(render_hosts(hosts, topology, sets, probed=probed))
         if dry_run:
             return units
-        replies = {
-            name: launch_units(agents[name], host_units, lambda m, n=name: say(m, n), sets=sets)
-            for name, host_units in units.items()
-        }
-        if wait is not None:  # all started first: a multi-node server forms only with every node up
-            for name in replies:
-                say_host = lambda m, n=name: say(m, n)  # noqa: E731
-                try:
-                    waited = wait_serving(agents[name], wait, say_host, launch_dir(units[name]), started_here=True)
-                except DeployError:  # this host's units are stopped; the other hosts' too
-                    for other in (n for n in replies if n != name):
-                        stop_quietly(agents[other], launch_dir(units[other]), lambda m, n=other: say(m, n))
-                    raise
-                replies[name] = LaunchReply(ok=True, record=waited.record, serving=waited.serving)
-        return replies
+        return start_everywhere(agents, units, sets, say, wait)
+
+
+def start_everywhere(
+    agents: dict[str, AgentSession],
+    units: dict[str, list[RenderedUnit]],
+    sets: tuple[str, ...],
+    say: HostSay,
+    wait: float | None,
+) -> dict[str, LaunchReply | list[RenderedUnit]]:
+    """Start every host's units, then (`wait`) wait for each: a multi-node server forms only
+    with every node up (one host: one agent operation starts and waits). A failure anywhere (a
+    refused start, a unit that exits, Ctrl-C) stops what this command started on every host
+    before it is raised; a host's own failed start stops itself."""
+    replies: dict[str, LaunchReply | list[RenderedUnit]] = {}
+    at_once = wait if len(units) == 1 else None  # one host: start and wait in one operation, one lock hold
+    try:
+        for name, host_units in units.items():
+            say_host = lambda m, n=name: say(m, n)  # noqa: E731
+            replies[name] = launch_units(agents[name], host_units, say_host, sets=sets, wait=at_once)
+        for name in replies if wait is not None and at_once is None else ():
+            say_host = lambda m, n=name: say(m, n)  # noqa: E731
+            waited = wait_serving(agents[name], wait, say_host, launch_dir(units[name]), started_here=True)
+            replies[name] = LaunchReply(ok=True, record=waited.record, serving=waited.serving)
+    except BaseException:
+        for name in replies:
+            stop_started(agents[name], launch_dir(units[name]), lambda m, n=name: say(m, n))
+        raise
+    return replies
+
+
+def stop_started(agent: AgentSession, base: str, say: Callable[[str], None]) -> None:
+    """Stop the launch this command started on the host, after a failure elsewhere; a problem
+    here is said, never raised over the failure being reported."""
+    try:
+        stop_quietly(agent, base, say)
+    except DeployError as exc:
+        say(f"could not stop the launch started here: {exc} (`ddeploy stop --host {agent.host.name}` stops it)")
 
 
 def stop_launch(agent: AgentSession, base: str, say: Callable[[str], None], grace: float = 30.0) -> StopReply:

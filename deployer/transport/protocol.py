@@ -312,6 +312,7 @@ class Serving(Record):
 
 
 class LaunchRecord(Record):
+    id: str | None = Field(default=None, description="unique per start; records are replaced by compare-and-swap on it")
     topology: str
     dir: str
     state: Literal["running", "stopped", "failed"]
@@ -356,11 +357,19 @@ class Probe(Record):
     completion_tokens: int | None = None
 
 
-class BenchReply(Reply):
+class Measurement(Record):
+    """One launch measured by `bench`: the client per concurrency, then the greedy probes."""
+
+    record: LaunchRecord
     serving: Serving
     server_args: dict[str, Any] = {}
     runs: list[BenchRun]
     probes: list[Probe] | None = None
+
+
+class BenchReply(Reply):
+    measured: list[Measurement] = Field(description="the serving launch, then (compare) its baseline")
+    restored: LaunchRecord | None = Field(default=None, description="compare: the launch, serving again")
 
 
 class BenchSaveReply(Reply):
