@@ -7,7 +7,6 @@ Nothing here needs SSH or torch.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,18 +239,14 @@ def _groups_of(inventory: Inventory, hosts: list[Host], size: int) -> list[list[
 
 
 def write_units(units: list[RenderedUnit], out_dir: Path) -> list[Path]:
-    """Write each unit's script (mode 0755) and env file (0600: it may hold tokens) into out_dir."""
-    written = []
+    """Write each unit's script (mode 0755) and env file (0600 from its creation: it may hold
+    tokens) into out_dir, with the writer the agent uses on hosts."""
+    from ..agent.units import write_files
+
+    files = [f for u in units for f in ((u.script_file, u.script, 0o755), (u.env_file, u.env, 0o600))]
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for unit in units:
-            for fname, text, mode in ((unit.script_file, unit.script, 0o755), (unit.env_file, unit.env, 0o600)):
-                path = out_dir / fname
-                path.write_text(text)
-                os.chmod(path, mode)
-                written.append(path)
+        return [Path(p) for p in write_files(str(out_dir), files)]
     except OSError as exc:
         raise RenderError(
             f"cannot write launch scripts to {out_dir}: {exc.strerror or exc}; choose a writable -o directory"
         ) from None
-    return written
