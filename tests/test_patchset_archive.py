@@ -132,7 +132,7 @@ def test_the_cli_refuses_an_archived_release_until_it_is_restored(tmp_path, cach
     assert r.code == 0, r.stderr
     assert f"restored ddtree {oldest} (" in r.stderr and "checksums verified) from commit " in r.stderr
     assert run_main("patches", "show", oldest).code == 0
-    assert "already there" in run_main("patches", "restore", oldest).stderr
+    assert f"is already at {cache / 'releases' / 'ddtree' / oldest}" in run_main("patches", "restore", oldest).stderr
 
 
 def test_restore_errors_say_what_to_do(tmp_path, cache, oldest, monkeypatch):

@@ -247,8 +247,11 @@ def patches_restore(version: str) -> None:
 
     restored = restore_release(version)
     ps = load_patch_set(restored.path)
-    where = f"from {restored.source}" if restored.source else "already there"
-    say(f"restored ddtree {ps.version} ({len(ps.patches)} patches, checksums verified) {where}: {restored.path}")
+    what = f"ddtree {ps.version} ({len(ps.patches)} patches, checksums verified)"
+    if restored.source is None:
+        say(f"{what} is already at {restored.path}")
+    else:
+        say(f"restored {what} from {restored.source}: {restored.path}")
 
 
 @patches.command("archive")
