@@ -92,6 +92,24 @@ def test_a_host_file_pins_a_release_version_only():
         parse_host({**doc, "version": 0.3}, "p.yaml")
 
 
+def test_push_and_plan_give_each_host_its_pin_and_the_others_the_latest():
+    from types import SimpleNamespace
+
+    from deployer.cli.deploy import _reply_set, _sets_for
+    from deployer.inventory import parse_host
+
+    doc = {"connection": "local", "gpu": {"model": "x", "count": 1, "arch": "sm_120"}}
+    doc |= {"interconnect": "pcie", "checkout": "/opt/sglang"}
+    newest = list_versions(root=ROOT)[-1]
+    hosts = [parse_host({**doc, "name": "p1", "version": list_versions(root=ROOT)[0]}, "p1.yaml")]
+    hosts.append(parse_host({**doc, "name": "p2"}, "p2.yaml"))
+    sets = _sets_for(hosts, None, None)
+    assert (sets["p1"].version, sets["p2"].version) == (hosts[0].version, newest)
+    reply = SimpleNamespace(plan=SimpleNamespace(version=hosts[0].version))
+    assert _reply_set(sets)(reply) is sets["p1"] and _reply_set(sets)(SimpleNamespace(push=reply)) is sets["p1"]
+    assert {ps.version for ps in _sets_for(hosts, "latest", None).values()} == {newest}
+
+
 # --- restore -------------------------------------------------------------------------------------
 
 
