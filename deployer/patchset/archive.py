@@ -58,7 +58,7 @@ def read_archive(root: Path) -> dict[str, ArchivedRelease]:
 def window(versions: Iterable[str], pins: Iterable[str] = (), keep: int = WINDOW) -> list[str]:
     """The releases the tree should hold: the newest `keep`, plus every pinned one that exists."""
     ordered = sorted(set(versions), key=version_key)
-    kept = set(ordered[-keep:]) | (set(pins) & set(ordered))
+    kept = set(ordered[max(len(ordered) - keep, 0) :]) | (set(pins) & set(ordered))
     return [v for v in ordered if v in kept]
 
 
@@ -116,13 +116,13 @@ def archived_dir(root: Path, version: str, name: str = PATCH_SET_NAME) -> Path |
 # --- git: the checkout holding the sets, a release's commit and files --------------------------
 
 
-def _checkout(root: Path, version: str) -> tuple[Path, str]:
+def _checkout(root: Path, command: str) -> tuple[Path, str]:
     """(the git top level holding `root`, root's path inside it with a trailing '/')."""
     proc = git(root, "rev-parse", "--show-toplevel", "--show-prefix", check=False) if root.is_dir() else None
     if proc is None or proc.returncode != 0:
         raise PatchSetError(
-            f"cannot restore {version}: {root} is not in a git checkout (an installed ddeploy has no history); "
-            f"run {restore_hint(version)} in a git clone of the ddeploy repository, or set "
+            f"cannot {command}: {root} is not in a git checkout (an installed ddeploy has no history); "
+            f"run `ddeploy patches {command}` in a git clone of the ddeploy repository, or set "
             f"DDEPLOY_PATCHES_DIR to such a clone's patches/"
         )
     top, _, prefix = proc.stdout.decode().partition("\n")
@@ -158,7 +158,7 @@ def _release_files(repo: Path, ref: str, directory: str) -> dict[str, bytes]:
     for entry in filter(None, listing.split("\0")):
         meta, path = entry.split("\t", 1)
         mode, kind, blob = meta.split()
-        if kind != "blob" or mode not in ("100644", "100755"):
+        if kind != "blob" or mode not in ("100644", "100755") or path.count("/") != directory.count("/") + 1:
             raise PatchSetError(f"{ref[:12]}:{path} is not a plain file; refusing to restore it")
         files[path.rsplit("/", 1)[1]] = git(repo, "cat-file", "blob", blob).stdout
     if not files:
@@ -190,7 +190,7 @@ def _write_verified(files: dict[str, bytes], dest: Path, record: ArchivedRelease
 
 
 def _fetch(root: Path, record: ArchivedRelease, dest: Path) -> str:
-    repo, prefix = _checkout(root, record.version)
+    repo, prefix = _checkout(root, f"restore {record.version}")
     ref, source = _release_ref(repo, record)
     _write_verified(_release_files(repo, ref, prefix + record.version), dest, record)
     return source
@@ -265,7 +265,7 @@ def apply_window(root: Path | None = None, pins: Iterable[str] | None = None, ke
     pins = list(shipped_pins()) if pins is None else list(pins)
     archive, in_tree = read_archive(root), list_versions(root=root)
     kept = set(window([*in_tree, *archive], pins, keep))
-    repo, prefix = _checkout(root, "releases")
+    repo, prefix = _checkout(root, "archive")
     tagged, archived = [], []
     for version in in_tree:
         commit = _added_in(repo, prefix + version)
