@@ -2,6 +2,7 @@
 `file: field: message` (the file, then the dotted field, then what is wrong with it).
 
     manifest.yaml        ManifestDoc     (patches/<name>/<version>/)
+    archive.yaml         ArchiveDoc      (patches/<name>/: releases outside the window)
     concerns.yaml        ConcernsDoc     (overlays/<name>/)
     hardware.yaml        HardwareDoc     (templates/)
     topologies.yaml      TopologiesDoc   (templates/)
@@ -110,6 +111,26 @@ class ManifestDoc(_Doc):
     @classmethod
     def _version_as_text(cls, v: Any) -> Any:
         return str(v) if isinstance(v, (int, float)) else v
+
+
+# --- archive.yaml -------------------------------------------------------------------------------
+
+
+class ArchivedRelease(_Doc):
+    version: str
+    created: str = ""
+    tag: str
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$", description="the commit that added the release")
+    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("version", "created", mode="before")
+    @classmethod
+    def _as_text(cls, v: Any) -> Any:
+        return str(v) if v is not None else ""
+
+
+class ArchiveDoc(_Doc):
+    archived: list[ArchivedRelease] = []
 
 
 # --- concerns.yaml ------------------------------------------------------------------------------

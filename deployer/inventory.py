@@ -20,6 +20,7 @@ from .errors import InventoryError
 from .locations import cache_dir, inventory_candidates, inventory_files
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}\Z")
+VERSION_RE = re.compile(r"^\d+\.\d+\.\d+\Z")  # as patchset.release's, which this module does not import
 ARCH_RE = re.compile(r"^sm_(\d+)(\d)([af]?)\Z")
 
 
@@ -90,6 +91,9 @@ class Host(_Strict):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment for commands")
     groups: tuple[str, ...] = ()
     vars: dict[str, object] = Field(default_factory=dict, description="render values (launch scripts)")
+    version: str | None = Field(
+        default=None, description="pin: the ddtree release push and plan apply here when --version is not given"
+    )
     cpu_engine: bool = Field(
         default=False,
         description="serves the CPU engine profile (topology cpu-tiny): the built-in local host and "
@@ -120,6 +124,13 @@ class Host(_Strict):
         for g in v:
             if not NAME_RE.match(g):
                 raise ValueError(f"group {g!r} must be letters, digits, '_', '.', '-'")
+        return v
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version(cls, v: object) -> object:
+        if v is not None and not (isinstance(v, str) and VERSION_RE.match(v)):
+            raise ValueError(f"{v!r} must be a released version such as 0.2.11 (quote it in YAML)")
         return v
 
     @field_validator("env")

@@ -102,7 +102,10 @@ def test_installed_ddeploy_finds_its_data_and_the_inventory_by_the_documented_or
     r = run(installed, "status", "--host", "gpu1", cwd=tmp_path, home=home)
     assert r.returncode == 3 and "no inventory: none of" in r.stderr and "pass -i DIR" in r.stderr, r.stderr
     r = run(installed, "patches", "list", cwd=tmp_path, home=home)
-    assert r.returncode == 0 and "0.1.0" in r.stderr, r.stderr  # the released sets came with it
+    assert r.returncode == 0 and "0.2.11" in r.stderr, r.stderr  # the released sets came with it
+    assert "ddtree-0.1.0" in r.stderr  # and the record of the archived ones, which need the git history
+    r = run(installed, "patches", "restore", "0.1.0", cwd=tmp_path, home=home)
+    assert r.returncode == 4 and "is not in a git checkout (an installed ddeploy has no history)" in r.stderr
     user_hosts = home / ".config" / "ddeploy" / "hosts"
     shutil.copytree(PROJECT / "hosts", user_hosts)
     r = run(installed, "hosts", cwd=tmp_path, home=home)

@@ -59,18 +59,20 @@ def push(ctx, version, overlay, three_way, diff, dry_run, force, build_after):
         raise UsageError("--diff shows what push would change; add --dry-run (or use `ddeploy plan --diff`)")
     hosts = selection(ctx).hosts(ctx.obj)
     with _early_agents(ctx, hosts) as early:
-        ps = chosen_set(version, overlay)  # verified (checksums, path safety) before anything runs on a host
+        sets = _sets_for(hosts, version, overlay)  # verified (checksums, path safety) before anything runs on a host
         early.start("plan" if dry_run else "sources" if build_after else "push")
         from ..ops.deploy import push_host
 
         opts = _deploy_options(ctx, dry_run=dry_run, three_way=three_way, force=force, diff=diff, early=early)
-        op, describe = (lambda h, say: push_host(h, ps, opts, say)), (lambda res: _views().describe_push(res, ps))
+        set_of = _reply_set(sets)
+        op = lambda h, say: push_host(h, sets[h.name], opts, say)  # noqa: E731
+        describe = lambda res: _views().describe_push(res, set_of(res))  # noqa: E731
         if build_after and not dry_run:
             from ..ops.kernel_build import BuildOptions, push_then_build
 
             bopts = BuildOptions(accept_new_host_keys=opts.accept_new_host_keys, command=opts.command)
-            op = lambda h, say: push_then_build(h, ps, opts, bopts, say)  # noqa: E731
-            describe = lambda res: _views().describe_push_build(res, ps)  # noqa: E731
+            op = lambda h, say: push_then_build(h, sets[h.name], opts, bopts, say)  # noqa: E731
+            describe = lambda res: _views().describe_push_build(res, set_of(res))  # noqa: E731
         report = _plan_report(ctx, describe) if diff else None
         run(ctx.obj, selection(ctx), op, describe, report=report, hosts=hosts)
 
@@ -83,14 +85,46 @@ def plan(ctx, version, overlay, three_way, diff):
     """What `push` would do per host (patches, files, conflicts, drift); writes nothing."""
     hosts = selection(ctx).hosts(ctx.obj)
     with _early_agents(ctx, hosts) as early:
-        ps = chosen_set(version, overlay)
+        sets = _sets_for(hosts, version, overlay)
         early.start("plan")
         from ..ops.deploy import plan_host
 
         opts = _deploy_options(ctx, dry_run=True, three_way=three_way, diff=diff, early=early)
-        op = lambda h, say: plan_host(h, ps, opts, say)  # noqa: E731
-        describe = lambda res: _views().describe_push(res, ps)  # noqa: E731
+        set_of = _reply_set(sets)
+        op = lambda h, say: plan_host(h, sets[h.name], opts, say)  # noqa: E731
+        describe = lambda res: _views().describe_push(res, set_of(res))  # noqa: E731
         run(ctx.obj, selection(ctx), op, describe, report=_plan_report(ctx, describe) if diff else None, hosts=hosts)
+
+
+def _sets_for(hosts, version: str | None, overlay: str | None) -> dict:
+    """{host name: its patch set}: --version or --overlay for every host, else each host's pinned
+    release (`version:` in its host file), else the latest."""
+    if version is not None or overlay is not None or not any(h.version for h in hosts):
+        ps = chosen_set(version, overlay)
+        return {h.name: ps for h in hosts}
+    loaded: dict = {}
+    for h in hosts:
+        if (h.version or "latest") not in loaded:
+            loaded[h.version or "latest"] = _pinned_set(h)
+    return {h.name: loaded[h.version or "latest"] for h in hosts}
+
+
+def _pinned_set(host):
+    from ..errors import PatchSetError
+
+    try:
+        return chosen_set(host.version, None)
+    except PatchSetError as exc:
+        if not host.version:
+            raise
+        raise type(exc)(f"{host.source} pins {host.version}: {exc}", host=host.name) from None
+
+
+def _reply_set(sets: dict):
+    """A push or plan reply -> the patch set it applied (hosts may pin different releases)."""
+    by_version = {ps.version: ps for ps in sets.values()}
+    only = next(iter(by_version.values())) if len(by_version) == 1 else None
+    return lambda res: only or by_version[getattr(res, "push", res).plan.version]
 
 
 def _early_agents(ctx: click.Context, hosts):

@@ -1,4 +1,4 @@
-"""`ddeploy base fetch` and `ddeploy patches export|verify|list|show|diff`.
+"""`ddeploy base fetch` and `ddeploy patches export|verify|list|show|diff|restore|archive`.
 
 Human output goes to stderr, `--json` and patch-diff text to stdout. Released sets live under
 $DDEPLOY_PATCHES_DIR/ddtree (default: the project's patches/ddtree), the overlay is
@@ -57,7 +57,7 @@ def base_fetch(rebuild: bool) -> None:
 
 @cli.group()
 def patches() -> None:
-    """Versioned DDTree patch sets: export, verify, list, show, diff."""
+    """Versioned DDTree patch sets: export, verify, list, show, diff, restore, archive."""
 
 
 @patches.command("export")
@@ -154,21 +154,48 @@ def _load_all() -> tuple[list[PatchSet], dict[str, str]]:
     return sets, broken
 
 
+def _archived_json(record, restored: Path | None) -> dict:
+    fields = ("version", "created", "tag", "commit", "manifest_sha256")
+    return {**{k: getattr(record, k) for k in fields}, "archived": True, "restored": restored and str(restored)}
+
+
+def _archived() -> list[tuple]:
+    """(record, its restored copy or None) for every release archived outside the window."""
+    from ..patchset.archive import read_archive, restored_copy
+    from ..patchset.release import sets_root
+
+    return [(r, restored_copy(r)) for r in read_archive(sets_root()).values()]
+
+
+def _list_rows(sets: list[PatchSet], broken: dict[str, str], archived: list[tuple]) -> list[list[str]]:
+    from ..patchset.release import version_key
+
+    rows = [
+        [ps.version, ps.created, f"sglang {ps.base_version}", ps.base_tree[:12], str(len(ps.patches))] for ps in sets
+    ]
+    rows += [[r.version, r.created, "restored" if at else "archived", r.tag, "-"] for r, at in archived]
+    rows.sort(key=lambda row: version_key(row[0]))
+    return rows + [[v, "INVALID", "-", "-", "-"] for v in broken]
+
+
 @patches.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 def patches_list(as_json: bool) -> None:
-    """Released versions with their dates, base and patch count."""
+    """Released versions with their dates, base and patch count; archived ones with their tag."""
     from ..patchset.release import sets_root
 
     sets, broken = _load_all()
+    archived = _archived()
     if as_json:
-        emit_json([_set_json(ps) for ps in sets] + [{"version": v, "error": e} for v, e in broken.items()])
-    elif sets or broken:
-        rows = [
-            [ps.version, ps.created, f"sglang {ps.base_version}", ps.base_tree[:12], str(len(ps.patches))]
-            for ps in sets
-        ] + [[v, "INVALID", "-", "-", "-"] for v in broken]
-        say(table(rows, ["version", "created", "base", "base tree", "patches"]))
+        emit_json(
+            [{**_set_json(ps), "archived": False} for ps in sets]
+            + [_archived_json(r, at) for r, at in archived]
+            + [{"version": v, "error": e} for v, e in broken.items()]
+        )
+    elif sets or broken or archived:
+        say(table(_list_rows(sets, broken, archived), ["version", "created", "base", "base tree", "patches"]))
+        if archived:
+            say("archived: outside the release window, kept in git; restore one with `ddeploy patches restore VERSION`")
     else:
         say(f"no released patch sets under {sets_root()}")
     if broken:
@@ -209,3 +236,35 @@ def patches_diff(old: str, new: str, stat: bool) -> None:
         say(change.summary())
         if not stat and change.status != UNCHANGED:
             click.echo(change.unified(a.version, b.version), nl=False)
+
+
+@patches.command("restore")
+@click.argument("version")
+def patches_restore(version: str) -> None:
+    """Bring an archived release back from its git tag (else its recorded commit), verified."""
+    from ..patchset.archive import restore_release
+    from ..patchset.release import load_patch_set
+
+    restored = restore_release(version)
+    ps = load_patch_set(restored.path)
+    what = f"ddtree {ps.version} ({len(ps.patches)} patches, checksums verified)"
+    if restored.source is None:
+        say(f"{what} is already at {restored.path}")
+    else:
+        say(f"restored {what} from {restored.source}: {restored.path}")
+
+
+@patches.command("archive")
+def patches_archive() -> None:
+    """Apply the release window: tag every release, archive those outside it, bring back pinned ones."""
+    from ..patchset.archive import WINDOW, apply_window
+
+    change = apply_window()
+    for v in change.tagged:
+        say(f"tagged ddtree-{v}")
+    for v in change.archived:
+        say(f"archived {v}: removed from the tree, recorded in archive.yaml (tag ddtree-{v})")
+    for v in change.returned:
+        say(f"returned {v} to the tree (a host file pins it)")
+    if not (change.archived or change.returned):
+        say(f"the tree already holds the window (the newest {WINDOW} releases and the pinned ones)")

@@ -11,7 +11,8 @@ manifest.yaml:
       - {name: 0001-ddtree-builder.patch, concern: builder, sha256: <hex>, files: [python/...]}
     skipped: [{concern: sampling, reason: ...}]    # optional: concerns with nothing to export
 
-Released sets live under $DDEPLOY_PATCHES_DIR/<name> when set, else the project's patches/<name>.
+Released sets live under $DDEPLOY_PATCHES_DIR/<name> when set, else the project's patches/<name>;
+releases outside the window are archived (archive.py) and found in the cache once restored.
 The `files` of a Patch are always re-derived from the verified patch bytes, never trusted from
 the manifest.
 """
@@ -124,10 +125,15 @@ def resolve_dir(spec: str | Path | None, name: str = PATCH_SET_NAME, root: Path 
     spec_s = str(spec)
     if VERSION_RE.match(spec_s):
         path = root / spec_s
-        if not path.is_dir():
+        if path.is_dir():
+            return path
+        from .archive import archived_dir  # archive.py builds on this module
+
+        restored = archived_dir(root, spec_s, name)
+        if restored is None:
             known = ", ".join(list_versions(name, root)) or "none"
             raise PatchSetError(f"patch set {name} {spec_s} not found under {root} (released: {known})")
-        return path
+        return restored
     path = Path(spec_s)
     if not path.is_dir():
         raise PatchSetError(f"patch set {spec_s!r} is neither a released version nor a directory")
