@@ -110,19 +110,26 @@ def stop(app: AppContext, host, grace, sets) -> None:
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0: greedy (and the greedy check).")
 @click.option("--seed", default=1, show_default=True, type=int, help="Seed of the prompts.")
 @wait_timeout_option("Seconds a server may take to serve (the baseline's and the restart's too).")
+@click.option(
+    "--run-timeout",
+    default=3600.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Seconds one run of the benchmark client may take; then it is stopped on the host.",
+)
 @click.option("--yes", "-y", is_flag=True, help="Restart a running server for --compare without asking.")
 @click.option("--json", "as_json", is_flag=True, help="The result as JSON on stdout (docs/json.md).")
 @set_option
 @click.pass_obj
 def bench(app: AppContext, host, topology, compare, requests, concurrency, input_len, output_len, temperature,
-          seed, wait_timeout, yes, as_json, sets) -> None:  # fmt: skip
+          seed, wait_timeout, run_timeout, yes, as_json, sets) -> None:  # fmt: skip
     """Measure the launched server with SGLang's benchmark client, run on the host: tokens/s, TTFT,
     ITL, accept length per concurrency; --compare adds the baseline and the greedy check."""
     from ..ops import bench as bc
     from ..render import launch_dir_for
 
     params = bc.BenchParams(
-        requests, tuple(concurrency) or (1, 16), input_len, output_len, temperature, seed, wait_timeout
+        requests, tuple(concurrency) or (1, 16), input_len, output_len, temperature, seed, wait_timeout, run_timeout
     )
     target = app.inventory.get(host)
     if compare and not yes and sys.stdin.isatty():

@@ -43,7 +43,10 @@ def main() -> None:
     name = config(args)
     earlier = mark("server", name)
     slow = os.environ.get("STANDIN_SLOW", "")
-    delay = 6.0 if slow == "server-" + name or (slow == "server-%s-again" % name and earlier) else 0.0
+    if str(args.port) == os.environ.get("STANDIN_EXIT_PORT"):
+        raise SystemExit("stand-in server: told to exit at start on port %d" % args.port)
+    long = float(os.environ.get("STANDIN_DELAY", "6"))
+    delay = long if slow == "server-" + name or (slow == "server-%s-again" % name and earlier) else 0.0
     ready_at = time.time() + delay
     info = {
         "model_path": args.model_path,

@@ -1,0 +1,137 @@
+"""Launches that never lose track of a server, on OpenSSH test hosts with the SGLang stand-ins of
+tests/standin_sglang: a start that fails stops everything it started (every unit, every host),
+a wait whose client has gone ends and stops what it started, a second command waits for the
+launch lock and names its holder, the benchmark client's run timeout applies, and the launch
+record is replaced only by compare-and-swap."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from processes import alive, wait_until
+from test_bench_interrupt import CLI, ROOT, _free_port, _launch_args, _lock_free, _stand_in_pids
+
+pytestmark = pytest.mark.sshd
+
+
+@pytest.fixture
+def stand_in(hosts, tmp_path):
+    """The marks dir; afterwards every stand-in process still alive is killed (a failing test)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    yield marks
+    for pid in _stand_in_pids(marks):
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _launch_dir(hosts, name: str) -> Path:
+    return hosts.host(name).checkout.parent / "ddeploy-launch"
+
+
+def _record(launch_dir: Path) -> dict:
+    return json.loads((launch_dir / "launch.json").read_text())
+
+
+def _with(args: list[str], **sets: str) -> list[str]:
+    for key, value in sets.items():
+        args += ["--set", f"{key}={value}"]
+    return args
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_replica_that_exits_at_start_stops_the_other(ddeploy, hosts, stand_in, wait):
+    port = _free_port()
+    args = _launch_args("h1", stand_in, "", port)
+    args = [a for a in args if a not in ("--wait",)] + (["--wait"] if wait else [])
+    args = _with(args, tp_size="4", model_weights_gb="10", **{"env.STANDIN_EXIT_PORT": str(port + 1)})
+    args[args.index("tp8")] = "ep4"
+    r = ddeploy(*args)
+    assert r.code != 0 and "exited right after start (the launch is stopped)" in r.stderr, r.stderr
+    record = _record(_launch_dir(hosts, "h1"))
+    assert record["state"] == "failed" and len(record["units"]) == 2
+    assert not any(alive(u["pid"]) for u in record["units"])
+
+
+def test_a_two_node_start_refused_on_the_second_host_stops_the_first(ddeploy, hosts, stand_in):
+    old_port, port = _free_port(), _free_port()
+    old = ddeploy(*_launch_args("h3", stand_in, "", old_port))
+    assert old.code == 0, old.stderr
+    old_pid = _record(_launch_dir(hosts, "h3"))["units"][0]["pid"]
+    args = _launch_args("h1", stand_in, "", port)
+    args[args.index("--host") + 1 : args.index("--host") + 2] = ["h1", "--host", "h3"]
+    args[args.index("tp8")] = "tp16-2node"
+    args = [a for a in args if a != "--wait"]
+    args[args.index("tp_size=8")] = "tp_size=16"
+    r = ddeploy(*args)
+    assert r.code != 0 and "[h3]" in r.stderr and "still running" in r.stderr, r.stderr
+    first = _record(_launch_dir(hosts, "h1"))
+    assert first["state"] == "stopped" and not any(alive(u["pid"]) for u in first["units"]), first
+    assert alive(old_pid), "the old launch on h3 is not this command's to stop"
+    assert ddeploy("stop", "--host", "h3").code == 0
+
+
+def test_a_launch_wait_whose_client_dies_stops_what_it_started(hosts, stand_in):
+    port = _free_port()
+    launch_dir = _launch_dir(hosts, "h1")
+    args = _with(_launch_args("h1", stand_in, "server-ddtree", port), **{"env.STANDIN_DELAY": "30"})
+    argv = [sys.executable, "-c", CLI, "-i", str(hosts.inventory_dir), *args]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    assert wait_until(lambda: any(f.name.startswith("server-ddtree-") for f in stand_in.iterdir()), 60)
+    os.killpg(proc.pid, signal.SIGKILL)  # the client machine's link is gone
+    proc.wait()
+    assert wait_until(lambda: _lock_free(launch_dir), 20), "the host's wait went on without its client"
+    record = _record(launch_dir)
+    assert record["state"] == "stopped" and "client went away" in record["failure"], record
+    assert not any(alive(pid) for pid in _stand_in_pids(stand_in))
+
+
+def test_a_second_command_waits_for_the_launch_lock_then_names_its_holder(ddeploy, hosts, stand_in):
+    port = _free_port()
+    launch_dir = _launch_dir(hosts, "h1")
+    args = _with(_launch_args("h1", stand_in, "server-ddtree", port), **{"env.STANDIN_DELAY": "40"})
+    argv = [sys.executable, "-c", CLI, "-i", str(hosts.inventory_dir), *args]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert wait_until(lambda: any(f.name.startswith("server-ddtree-") for f in stand_in.iterdir()), 60)
+        started = time.monotonic()
+        r = ddeploy("stop", "--host", "h1")
+        assert time.monotonic() - started >= 4, "it did not wait for the holder"
+        assert r.code != 0 and "are busy: `ddeploy" in r.stderr and "launch --host h1" in r.stderr, r.stderr
+        assert alive(_record(launch_dir)["units"][0]["pid"])  # nothing stopped under the launch
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(30)
+    assert wait_until(lambda: _lock_free(launch_dir), 20)
+    assert _record(launch_dir)["state"] == "stopped"
+
+
+def test_the_benchmark_clients_run_timeout_stops_it_on_the_host(ddeploy, hosts, stand_in):
+    port = _free_port()
+    assert ddeploy(*_launch_args("h1", stand_in, "client-ddtree", port)).code == 0
+    r = ddeploy("bench", "--host", "h1", "-n", "1", "-c", "1", "--input-len", "4", "--output-len", "4",
+                "--run-timeout", "2")  # fmt: skip
+    assert r.code != 0 and "ran past the run timeout (2 s)" in r.stderr, r.stderr
+    clients = [int(f.read_text()) for f in stand_in.iterdir() if f.name.startswith("client-")]
+    assert clients and not any(alive(pid) for pid in clients)
+    record = _record(_launch_dir(hosts, "h1"))
+    assert record["state"] == "running" and alive(record["units"][0]["pid"])  # the server serves on
+    assert ddeploy("stop", "--host", "h1").code == 0
+
+
+def test_a_launch_record_is_replaced_only_by_compare_and_swap(tmp_path):
+    from deployer.agent.common import Fail
+    from deployer.agent.launch_record import read_launch, write_launch
+
+    write_launch(str(tmp_path), {"id": "new", "topology": "tp8"})
+    with pytest.raises(Fail, match="changed under this operation"):
+        write_launch(str(tmp_path), {"id": "old", "topology": "tp8", "state": "running"}, replaces="old")
+    assert read_launch(str(tmp_path)) == {"id": "new", "topology": "tp8"}
