@@ -55,10 +55,10 @@ def test_a_replica_that_exits_at_start_stops_the_other(ddeploy, hosts, stand_in,
     args = _with(args, tp_size="4", model_weights_gb="10", **{"env.STANDIN_EXIT_PORT": str(port + 1)})
     args[args.index("tp8")] = "ep4"
     r = ddeploy(*args)
-    assert r.code != 0 and "exited right after start (the launch is stopped)" in r.stderr, r.stderr
     record = _record(_launch_dir(hosts, "h1"))
-    assert record["state"] == "failed" and len(record["units"]) == 2
-    assert not any(alive(u["pid"]) for u in record["units"])
+    assert len(record["units"]) == 2 and not any(alive(u["pid"]) for u in record["units"]), r.stderr
+    assert r.code != 0 and "exited right after start (the launch is stopped)" in r.stderr, r.stderr
+    assert record["state"] == "failed"
 
 
 def test_a_two_node_start_refused_on_the_second_host_stops_the_first(ddeploy, hosts, stand_in):

@@ -68,7 +68,8 @@ def check_ddtree(host_name: str, topology: str, v: dict[str, Any]) -> None:
     if reasons:
         version, _ = load_rules()
         raise RenderError(
-            f"[{host_name}] topology {topology}: SGLang would refuse this DDTree launch "
+            f"topology {topology}: SGLang would refuse this DDTree launch "
             f"(ddtree {version} rule): {reasons[0]} Set tree_budget=0 for linear DFlash, "
-            "or change the value the rule names"
+            "or change the value the rule names",
+            host=host_name,
         )

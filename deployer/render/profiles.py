@@ -51,8 +51,9 @@ class Profiles:
                 return profile
         known = ", ".join(f"{p.name} ({p.arch}/{p.interconnect})" for p in self.hardware.values())
         raise RenderError(
-            f"[{host.name}] no hardware profile for gpu.arch {host.gpu.arch} with interconnect "
-            f"{host.interconnect} (known: {known}); add one to {self.directory / 'hardware.yaml'}"
+            f"no hardware profile for gpu.arch {host.gpu.arch} with interconnect "
+            f"{host.interconnect} (known: {known}); add one to {self.directory / 'hardware.yaml'}",
+            host=host.name,
         )
 
 

@@ -82,13 +82,15 @@ def check_gpu_counts(host: Host, v: dict[str, Any]) -> None:
     per_node, replicas = tp // nnodes, v["replicas"]
     if per_node * replicas > host.gpu.count:
         raise RenderError(
-            f"[{host.name}] tp_size {tp} / nnodes {nnodes} x replicas {replicas} needs {per_node * replicas} "
-            f"GPUs per node, but gpu.count is {host.gpu.count}"
+            f"tp_size {tp} / nnodes {nnodes} x replicas {replicas} needs {per_node * replicas} "
+            f"GPUs per node, but gpu.count is {host.gpu.count}",
+            host=host.name,
         )
     if host.gpu.count % per_node:
         raise RenderError(
-            f"[{host.name}] tp_size {tp} / nnodes {nnodes} = {per_node} GPUs per node does not divide "
-            f"gpu.count {host.gpu.count}; pick a tp_size whose per-node share divides it"
+            f"tp_size {tp} / nnodes {nnodes} = {per_node} GPUs per node does not divide "
+            f"gpu.count {host.gpu.count}; pick a tp_size whose per-node share divides it",
+            host=host.name,
         )
 
 
@@ -101,11 +103,12 @@ def check_memory(host: Host, topology: Topology, v: dict[str, Any]) -> None:
     usable = gpus * host.gpu.memory_gib * GIB * v["mem_fraction_static"]
     if need >= usable:
         raise RenderError(
-            f"[{host.name}] topology {topology.name} does not fit: one replica needs ~{need:.0f} GB of weights "
+            f"topology {topology.name} does not fit: one replica needs ~{need:.0f} GB of weights "
             f"(model_weights_gb {v['model_weights_gb']:g} + draft_weights_gb {v['draft_weights_gb']:g}) but gets "
             f"{gpus} x {host.gpu.memory_gib:g} GiB x mem_fraction_static {v['mem_fraction_static']:g} "
             f"= {usable:.0f} GB; "
-            "use more GPUs per replica (e.g. tp8)"
+            "use more GPUs per replica (e.g. tp8)",
+            host=host.name,
         )
 
 
@@ -113,8 +116,9 @@ def check_backends(host: Host, hw: HardwareProfile, v: dict[str, Any]) -> None:
     attn = v["attention_backend"]
     if attn in hw.unavailable_attention_backends:
         raise RenderError(
-            f"[{host.name}] attention_backend '{attn}' cannot run on {host.gpu.arch}: "
-            f"{hw.unavailable_attention_backends[attn]}; pick another attention_backend (triton runs everywhere)"
+            f"attention_backend '{attn}' cannot run on {host.gpu.arch}: "
+            f"{hw.unavailable_attention_backends[attn]}; pick another attention_backend (triton runs everywhere)",
+            host=host.name,
         )
     if v["draft_attention_backend"] not in DRAFT_ATTENTION_BACKENDS:
         raise RenderError(
@@ -124,8 +128,9 @@ def check_backends(host: Host, hw: HardwareProfile, v: dict[str, Any]) -> None:
     a2a = v["moe_a2a_backend"]
     if a2a in hw.unavailable_a2a_backends:
         raise RenderError(
-            f"[{host.name}] moe_a2a_backend '{a2a}' cannot run here: {hw.unavailable_a2a_backends[a2a]}; "
-            "set moe_a2a_backend=none or pick an NVLink host"
+            f"moe_a2a_backend '{a2a}' cannot run here: {hw.unavailable_a2a_backends[a2a]}; "
+            "set moe_a2a_backend=none or pick an NVLink host",
+            host=host.name,
         )
     if v["attn_dp_size"] > 1 and not v["enable_dp_lm_head"]:
         raise RenderError(
@@ -171,9 +176,10 @@ def check_cpu_engine(host: Host, topology: Topology, v: dict[str, Any]) -> None:
     whose rules accept torch_native verify; that server judges its flags at start."""
     if not host.cpu_engine:
         raise RenderError(
-            f"[{host.name}] topology {topology.name} is the CPU engine profile (tiny models, the overlay's "
+            f"topology {topology.name} is the CPU engine profile (tiny models, the overlay's "
             "CPU stand-ins) of the local host and test hosts; it is never rendered for a GPU host "
-            "(set cpu_engine: true only on a test host's inventory entry)"
+            "(set cpu_engine: true only on a test host's inventory entry)",
+            host=host.name,
         )
     for key, known in (("cpu_model_arch", ("mla", "llama")), ("cpu_model_kind", ("alternating", "random"))):
         if v[key] not in known:
@@ -193,10 +199,11 @@ def check_tree_memory(host: Host, topology: Topology, v: dict[str, Any]) -> None
         return
     top = m.dominant
     raise RenderError(
-        f"[{host.name}] topology {topology.name}: DDTree's verify buffers need ~{gib(m.total)} per GPU "
+        f"topology {topology.name}: DDTree's verify buffers need ~{gib(m.total)} per GPU "
         f"(the {top.name}, {gib(top.bytes)}, dominates) but may use {gib(m.budget)}, half of the "
         f"{gib(m.headroom)} SGLang leaves outside mem_fraction_static {v['mem_fraction_static']:g}; "
-        f"lower {top.knob}, or mem_fraction_static"
+        f"lower {top.knob}, or mem_fraction_static",
+        host=host.name,
     )
 
 
