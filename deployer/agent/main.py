@@ -7,11 +7,16 @@ import sys
 
 from .build import op_build, op_sources
 from .common import Fail
-from .deploy import op_lock_release, op_lock_status, op_log, op_plan, op_push, op_rollback, op_state, op_status
+from .history import op_log
 from .launch import op_launch, op_logs, op_stop
+from .lock_commands import op_lock_release, op_lock_status
 from .overlay_tests import op_test
+from .plan import op_plan
+from .push import op_push
 from .repo import Repo
+from .rollback import op_rollback
 from .serving import op_bench, op_bench_save, op_wait
+from .status import op_state, op_status
 
 
 OPS = {
