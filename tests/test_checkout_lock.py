@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,8 @@ from deployer.agent.common import Fail
 from deployer.agent.lock import acquire, holder_path, read_lock, release
 from deployer.agent.mounts import mount_of
 from deployer.agent.repo import Repo
+from sshd_hosts import STUB
+from test_remote_safety import cli_process, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,6 +35,8 @@ PROBER = textwrap.dedent(
     import sys, time
     from deployer.agent.lock import read_lock
     from deployer.agent.repo import Repo
+from sshd_hosts import STUB
+from test_remote_safety import cli_process, wait_for
     repo, seen, end = Repo(sys.argv[1]), 0, time.monotonic() + float(sys.argv[2])
     print("probing", flush=True)
     while time.monotonic() < end:
@@ -117,3 +122,33 @@ def test_the_mount_of_a_path_is_the_deepest_and_topmost_one(tmp_path):
     assert mount_of("/srv/my/x", str(info)) == ("tmpfs", "/srv/my")
     assert mount_of("/srv/mydir", str(info)) == ("ext4", "/")
     assert mount_of("/x", str(tmp_path / "absent")) is None
+
+
+def _applied_version(h) -> str | None:
+    p = subprocess.run(
+        ["git", "-C", str(h.checkout), "cat-file", "blob", "refs/ddeploy/state:state.json"],
+        capture_output=True,
+        text=True,
+    )
+    return ((json.loads(p.stdout) if p.returncode == 0 else {}).get("applied") or {}).get("version")
+
+
+@pytest.mark.sshd
+def test_a_push_started_between_push_builds_phases_is_refused_and_names_it(hosts, ddeploy, patch_sets):
+    """`push --build` is one command: once its push phase has applied 0.1.0, a second push (of
+    0.2.0) must not get in before its build phase (made long here by the agent's test pause)."""
+    h1 = hosts.hosts[0]
+    first = cli_process(
+        hosts, "push", "--host", "h1", "--version", str(patch_sets["v1"]), "--build", pause="before_build:4"
+    )
+    try:
+        wait_for(lambda: _applied_version(h1) == "0.1.0", what="the push phase to apply 0.1.0")
+        second = ddeploy("push", "--host", "h1", "--version", str(patch_sets["v2"]))
+        assert second.code == 7, second.stderr
+        assert "is locked by" in second.stderr and "push --host h1" in second.stderr and "--build" in second.stderr
+        assert (h1.checkout / STUB).read_text() == "VERSION = 1\n" and _applied_version(h1) == "0.1.0"
+    finally:
+        out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert "pausing 4.0s before build (test hook)" in err and "kernel sources unchanged by this push" in err
+    assert _applied_version(h1) == "0.1.0" and not (h1.checkout / ".git/ddeploy/deploy.lock.json").exists()

@@ -9,7 +9,7 @@ import sys
 from .build_plan import kernel_source_hash, plan_build
 from .common import Fail, now, progress
 from .jit_cache import drop_arch_cache, seed_cache
-from .lock import acquire, release
+from .lock import holding
 from .repo import Repo
 from .state import update_section
 
@@ -116,7 +116,14 @@ def announce(plan: dict) -> None:
 
 def op_build(repo: Repo, req: dict) -> dict:
     """Plan and (unless it is a no-op) run the kernel build; records it in the state (section builds).
-    options.reuse_only: never compile, only make an existing build of these sources current again."""
+    options.reuse_only: never compile, only make an existing build of these sources current again.
+    The compile runs under the checkout's lock."""
+    return run_build(repo, req, lambda: holding(repo, req))
+
+
+def run_build(repo: Repo, req: dict, lock) -> dict:
+    """op_build with `lock()` the context the compile runs in: the lock's hold, or nothing for a
+    caller that holds it already (push-build)."""
     plan = plan_build(repo, req)
     if req.get("options", {}).get("reuse_only") and plan["action"] != "noop":
         return {"ok": True, "changed": False, "plan": plan, "build": None}
@@ -127,22 +134,24 @@ def op_build(repo: Repo, req: dict) -> dict:
         progress(serve_hint(plan))
         return {"ok": True, "changed": False, "plan": plan, "build": None}
     progress("building (%s) into %s" % (plan["reason"], plan["cache_dir"]))
-    acquire(repo, req)
-    try:
-        if req.get("options", {}).get("force"):
-            drop_arch_cache(plan)
-        else:
-            seed_cache(plan)
-        try:
-            summary = run_prebuild(repo, req["target"], plan)
-        except Fail:
-            record_build(repo, plan, None, ok=False)
-            raise
-        record_build(repo, plan, summary, ok=True)
-    finally:
-        release(repo)
+    with lock():
+        summary = compile_kernels(repo, req, plan)
     progress(serve_hint(plan))
     return {"ok": True, "changed": True, "plan": plan, "build": summary}
+
+
+def compile_kernels(repo: Repo, req: dict, plan: dict) -> dict:
+    if req.get("options", {}).get("force"):
+        drop_arch_cache(plan)
+    else:
+        seed_cache(plan)
+    try:
+        summary = run_prebuild(repo, req["target"], plan)
+    except Fail:
+        record_build(repo, plan, None, ok=False)
+        raise
+    record_build(repo, plan, summary, ok=True)
+    return summary
 
 
 def op_sources(repo: Repo, req: dict) -> dict:

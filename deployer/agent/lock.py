@@ -8,6 +8,7 @@ probe on deploy.lock itself would hold it for that instant, and a push trying th
 "locked". Being flocks, the marker and the lock work wherever flock does (a checkout on NFS with
 lockd is seen from every client, which /proc/locks is not)."""
 
+import contextlib
 import errno
 import json
 import os
@@ -196,6 +197,16 @@ def acquire(repo: Repo, req: dict) -> None:
     with open(tmp, "w") as fh:
         json.dump(owner, fh)
     os.replace(tmp, holder_path(repo))
+
+
+@contextlib.contextmanager
+def holding(repo: Repo, req: dict):
+    """The lock held for the with block."""
+    acquire(repo, req)
+    try:
+        yield
+    finally:
+        release(repo)
 
 
 def release(repo: Repo) -> None:

@@ -13,6 +13,7 @@ from .lock_commands import op_lock_release, op_lock_status
 from .overlay_tests import op_test
 from .plan import op_plan
 from .push import op_push
+from .push_build import op_push_build
 from .repo import Repo
 from .rollback import op_rollback
 from .serving import op_bench, op_bench_save, op_wait
@@ -21,6 +22,7 @@ from .status import op_state, op_status
 
 OPS = {
     "push": op_push,
+    "push-build": op_push_build,
     "rollback": op_rollback,
     "status": op_status,
     "plan": op_plan,

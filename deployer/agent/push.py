@@ -43,33 +43,42 @@ def build_commits(repo: Repo, pre: str, patches: list, spec: dict, three_way: bo
 
 
 def op_push(repo: Repo, req: dict) -> dict:
-    spec, opts = req["set"], req.get("options", {})
-    if not os.path.isdir(repo.gitdir):
-        raise Fail("StateError", "%s is not a git checkout (no .git directory); clone SGLang there first" % repo.path)
+    need_checkout(repo)
     with Scratch("ddeploy-push-") as workdir:
         patches = load_patches(req, workdir)  # NeedShip: the client sends the set in a second call
         acquire(repo, req)
         try:
-            recovered = recover(repo)
-            f = head_facts(repo)  # plan makes its own drift check, of the files it changes
-            p = plan(repo, req, f, patches)
-            if p["blocked"]:
-                kind = p["blocked_kind"]
-                hint = {
-                    "DriftError": "; rerun with --force to save them (recoverable) and go on",
-                    "BaseTreeError": "" if opts.get("three_way") else " (rerun with --3way to merge)",
-                    "ConflictError": "" if opts.get("three_way") else " (rerun with --3way to merge)",
-                }[kind]
-                raise Fail(kind, "%s: %s%s; nothing was changed" % (repo.path, p["blocked"], hint))
-            if p["action"] == "noop":
-                progress("%s %s is already applied; nothing to do" % (spec["name"], spec["version"]))
-                return {"ok": True, "changed": False, "plan": p, "recovered": recovered}
-            saved = save_edits(repo, p["drift"], req, "push") if p["drift"] else None
-            out = dict(_push_apply(repo, req, f, p, patches, saved), recovered=recovered)
-            prune_dev_sets(spec.get("dir"))
-            return out
+            return push_held(repo, req, patches)
         finally:
             release(repo)
+
+
+def need_checkout(repo: Repo) -> None:
+    if not os.path.isdir(repo.gitdir):
+        raise Fail("StateError", "%s is not a git checkout (no .git directory); clone SGLang there first" % repo.path)
+
+
+def push_held(repo: Repo, req: dict, patches: list) -> dict:
+    """The push proper, by a caller that holds the checkout's lock (op_push, push-build)."""
+    spec, opts = req["set"], req.get("options", {})
+    recovered = recover(repo)
+    f = head_facts(repo)  # plan makes its own drift check, of the files it changes
+    p = plan(repo, req, f, patches)
+    if p["blocked"]:
+        kind = p["blocked_kind"]
+        hint = {
+            "DriftError": "; rerun with --force to save them (recoverable) and go on",
+            "BaseTreeError": "" if opts.get("three_way") else " (rerun with --3way to merge)",
+            "ConflictError": "" if opts.get("three_way") else " (rerun with --3way to merge)",
+        }[kind]
+        raise Fail(kind, "%s: %s%s; nothing was changed" % (repo.path, p["blocked"], hint))
+    if p["action"] == "noop":
+        progress("%s %s is already applied; nothing to do" % (spec["name"], spec["version"]))
+        return {"ok": True, "changed": False, "plan": p, "recovered": recovered}
+    saved = save_edits(repo, p["drift"], req, "push") if p["drift"] else None
+    out = dict(_push_apply(repo, req, f, p, patches, saved), recovered=recovered)
+    prune_dev_sets(spec.get("dir"))
+    return out
 
 
 def _push_apply(repo: Repo, req: dict, f: dict, p: dict, patches: list, saved) -> dict:
