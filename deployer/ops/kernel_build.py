@@ -1,6 +1,6 @@
 """`ddeploy build`: compile the DDTree JIT kernels in place on a host, for the host's GPU arch.
 
-The agent does it all on the host in one call (deployer/agent/build.py): facts
+The agent does it all on the host in one call (deployer/agent/build.py, its plan build_plan.py): facts
 (the applied set, the host python importing sglang from the checkout, nvidia-smi against the
 inventory's gpu.arch, CUDA_HOME / nvcc version / --list-gpu-arch, the kernel-source hash), the
 plan (cache key = source hash, arch, nvcc; one JIT cache directory per source hash under
