@@ -35,8 +35,6 @@ PROBER = textwrap.dedent(
     import sys, time
     from deployer.agent.lock import read_lock
     from deployer.agent.repo import Repo
-from sshd_hosts import STUB
-from test_remote_safety import cli_process, wait_for
     repo, seen, end = Repo(sys.argv[1]), 0, time.monotonic() + float(sys.argv[2])
     print("probing", flush=True)
     while time.monotonic() < end:
