@@ -10,7 +10,7 @@ import pytest
 
 from deployer.ops.overlay_tests import parse_junit
 from deployer.locations import OVERLAYS_DIR
-from deployer.agent.build import Toolkit, check_toolkit_supports, parse_nvcc_version, parse_nvidia_smi
+from deployer.agent.toolkit import Toolkit, check_toolkit_supports, parse_nvcc_version, parse_nvidia_smi
 from deployer.agent.common import Fail
 from deployer.agent.overlay_tests import junit_totals
 

@@ -168,7 +168,8 @@ def test_a_server_that_exits_at_once_fails_the_launch_with_its_log(ddeploy, host
     launch_dir = _launch_dir(hosts.host("h3"))
     crash = shlex.join([sys.executable, "-c", "import sys; print('bad flag --tp-sise'); sys.exit(3)"])
     r = ddeploy("launch", "--host", "h3", "-t", "tp8", "--set", f"server_command={crash}")
-    assert r.code == 6 and "[h3] h3-tp8 exited right after start (the launch is stopped):" in r.stderr and "bad flag --tp-sise" in r.stderr
+    assert r.code == 6 and "[h3] h3-tp8 exited right after start (the launch is stopped):" in r.stderr
+    assert "bad flag --tp-sise" in r.stderr
     assert json.loads((launch_dir / "launch.json").read_text())["units"][0]["name"] == "h3-tp8"
     r = ddeploy("stop", "--host", "h3")
     assert r.code == 7 and "last launch tp8 has exited" in r.stderr

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from deployer.agent.common import Fail
-from deployer.agent.deploy import facts
+from deployer.agent.facts import facts
 from deployer.agent.repo import Repo
 from deployer.agent.state import read_state, update_section
 from deployer.transport.agent_client import AGENT_PACKAGE, BOOT, BOOTSTRAP, agent_argv, agent_sources, agent_stdin

@@ -26,6 +26,8 @@ This program alone reads and writes the host's records (the client only sees its
                             version, parents the HEAD they were on and the index version (^2)
     .git/ddeploy/deploy.lock  the checkout's lock: fcntl.flock held by the agent for the whole
                             operation, released by the kernel when it ends or dies (no stale lock)
+    .git/ddeploy/deploy.lock.held  flock'ed exclusively by the holder too, so status can probe it
+                            (a shared flock for an instant) without ever touching deploy.lock
     .git/ddeploy/deploy.lock.json  the holder's record {by, user, host, pid, time, command}, for
                             messages; one left by a killed holder is replaced by the next command
     .git/ddeploy/journal.json  a transaction switched halfway; the next run rolls it forward
@@ -39,8 +41,11 @@ source_hash, cache_dir, version, at, modules, known}}, tests {ok, rc, version, k
 tests, passed, failed, errors, skipped, duration, summary}; the client's models of these are in
 deployer/transport/protocol.py.
 
-One module per concern: common (errors, progress), repo (git), state (the state record), lock,
-transaction (journal and switch), deploy (push, rollback, plan, status, log, lock commands),
-build (kernels), overlay_tests (pytest), launch (servers), main (the entry point). The modules
-import each other relatively, so the package runs under any name (`ddeploy_agent` on the host).
+One module per concern: common (errors, progress), repo (git), state (the state record), lock
+(and mounts, the filesystem its errors name), transaction (journal and switch), patch_files (the
+set's patches on the host), base_gate, facts, plan and plan_diff, push (and pruning of dev
+snapshots), rollback, status, history (log), lock_commands, toolkit, build_plan, jit_cache and
+build (kernels), overlay_tests (pytest), launch and serving (servers), main (the entry point).
+The modules import each other relatively, so the package runs under any name (`ddeploy_agent`
+on the host).
 """

@@ -1,6 +1,7 @@
 """What every part of the agent uses: the error it reports (Fail), progress lines on stderr,
 timestamps, the git identity and refs, running a tool."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -74,3 +75,22 @@ def last_text_line(*texts, default="no output") -> str:
         if lines:
             return lines[-1]
     return default
+
+
+@contextlib.contextmanager
+def silenced():
+    """No progress lines inside the with block (a step the caller reports in one line of its own)."""
+    was, _quiet[0] = _quiet[0], True
+    try:
+        yield
+    finally:
+        _quiet[0] = was
+
+
+def test_pause(req: dict, where: str) -> None:
+    """Test hook (DDEPLOY_TEST_AGENT_PAUSE="WHERE:SECONDS" on the client): a window at `where` in
+    which a test acts beside this process (another push, a kill)."""
+    at, _, secs = str(req.get("options", {}).get("pause") or "").rpartition(":")
+    if at == where and float(secs or 0):
+        progress("pausing %.1fs %s (test hook)" % (float(secs), where.replace("_", " ")))
+        time.sleep(float(secs))

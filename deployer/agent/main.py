@@ -5,19 +5,26 @@ import os
 import signal
 import sys
 
-from .client import watch
-from .build import op_build, op_sources
-from .common import Fail
-from .deploy import op_lock_release, op_lock_status, op_log, op_plan, op_push, op_rollback, op_state, op_status
 from .bench import op_bench, op_bench_save
+from .build import op_build, op_sources
+from .client import watch
+from .common import Fail
+from .history import op_log
 from .launch import op_launch, op_logs, op_stop
+from .lock_commands import op_lock_release, op_lock_status
 from .overlay_tests import op_test
+from .plan import op_plan
+from .push import op_push
+from .push_build import op_push_build
 from .repo import Repo
+from .rollback import op_rollback
 from .serving import op_wait
+from .status import op_state, op_status
 
 
 OPS = {
     "push": op_push,
+    "push-build": op_push_build,
     "rollback": op_rollback,
     "status": op_status,
     "plan": op_plan,

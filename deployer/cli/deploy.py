@@ -60,7 +60,7 @@ def push(ctx, version, overlay, three_way, diff, dry_run, force, build_after):
     hosts = selection(ctx).hosts(ctx.obj)
     with _early_agents(ctx, hosts) as early:
         sets = _sets_for(hosts, version, overlay)  # verified (checksums, path safety) before anything runs on a host
-        early.start("plan" if dry_run else "sources" if build_after else "push")
+        early.start("plan" if dry_run else "push-build" if build_after else "push")
         from ..ops.deploy import push_host
 
         opts = _deploy_options(ctx, dry_run=dry_run, three_way=three_way, force=force, diff=diff, early=early)

@@ -12,7 +12,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import BaseTreeError, ConflictError, DriftError
 from ..inventory import Host
@@ -38,6 +38,8 @@ from ..transport.protocol import (
 from .outcome import Outcome, Say
 
 SETS_DIR = ".git/ddeploy/sets"
+
+R = TypeVar("R", bound=Reply)
 
 
 @dataclass(frozen=True)
@@ -162,22 +164,32 @@ def shipped_marker(host: Host, ps: PatchSet) -> Path:
     return cache_dir() / "shipped" / key / ps.fingerprint()
 
 
-def push_with(agent: AgentSession, ps: PatchSet, opts: Options, say: Say) -> PushReply:
+def push_with(
+    agent: AgentSession,
+    ps: PatchSet,
+    opts: Options,
+    say: Say,
+    *,
+    op: str = "push",
+    extra: dict[str, Any] | None = None,
+    model: type[R] = PushReply,  # type: ignore[assignment]
+) -> R:
     """One round trip either way: a set this client has not shipped to the host goes with the
     first call; a set it has goes as checksums only, and in the rare case that the host lost or
-    altered it (the agent answers NeedShip) a second call on the same connection carries it."""
+    altered it (the agent answers NeedShip) a second call on the same connection carries it.
+    `op` is `push` or an operation that pushes first (push-build), `extra` the rest of its request."""
     remote_dir = set_dir(agent.host, ps)
     marker = shipped_marker(agent.host, ps)
     kind = "dev snapshot " if ps.dev else ""
     shipping = f"shipping {ps.name} {kind}{ps.version} ({len(ps.patches)} patches) to {remote_dir}"
-    request = {**options_request(opts), "set": set_request(ps, remote_dir=remote_dir, inline=False)}
+    request = {**options_request(opts), **(extra or {}), "set": set_request(ps, remote_dir=remote_dir, inline=False)}
     res = None
     if marker.exists():
-        res = agent.call("push", request, PushReply, stream=say, passthrough=("NeedShip",))
-    if not isinstance(res, PushReply):
+        res = agent.call(op, request, model, stream=say, passthrough=("NeedShip",))
+    if not isinstance(res, model):
         say(shipping)
         request["set"] = set_request(ps, remote_dir=remote_dir, inline=True)
-        res = agent.call("push", request, PushReply, stream=say)
+        res = agent.call(op, request, model, stream=say)
         try:
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()

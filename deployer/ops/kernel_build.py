@@ -1,6 +1,6 @@
 """`ddeploy build`: compile the DDTree JIT kernels in place on a host, for the host's GPU arch.
 
-The agent does it all on the host in one call (deployer/agent/build.py): facts
+The agent does it all on the host in one call (deployer/agent/build.py, its plan build_plan.py): facts
 (the applied set, the host python importing sglang from the checkout, nvidia-smi against the
 inventory's gpu.arch, CUDA_HOME / nvcc version / --list-gpu-arch, the kernel-source hash), the
 plan (cache key = source hash, arch, nvcc; one JIT cache directory per source hash under
@@ -14,11 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import BuildError
 from ..inventory import Host
 from ..patchset import PatchSet
 from ..transport.agent_client import AgentSession, agent_session
-from ..transport.protocol import BuildReply, PushReply, Record, SourcesReply, Target
+from ..transport.protocol import BuildReply, PushReply, Record, Reply, Target
 from .deploy import Options, ensure_local_checkout, push_with, session
 from .outcome import Outcome, Say
 
@@ -30,6 +29,15 @@ class BuildOptions:
     force: bool = False
     accept_new_host_keys: bool = False
     command: str = "ddeploy build"
+
+
+class PushBuildReply(Reply):
+    """The agent's `push-build` reply (the push, the build it triggered or the note on reusing one)."""
+
+    push: PushReply
+    build: BuildReply | None = None
+    kernel_sources_changed: bool = False
+    note: str | None = None
 
 
 class PushBuild(Record):
@@ -68,28 +76,11 @@ def build_host(host: Host, opts: BuildOptions, say: Say) -> Outcome:
 
 
 def push_then_build(host: Host, ps: PatchSet, popts: Options, bopts: BuildOptions, say: Say) -> Outcome:
-    """`push --build` over one connection: build only when the push changed the kernel sources."""
+    """`push --build` as one agent call (`push-build`): the push, then the build when it changed the
+    kernel sources, under one hold of the checkout's lock (no other push can come in between)."""
     ensure_local_checkout(host, say)
-    with session(host, popts) as agent:  # its first call is `sources` (the early one, if opened ahead)
-        before = agent.call("sources", {}, SourcesReply).source_hash
-        pushed = push_with(agent, ps, popts, say)
-        if not pushed.changed:
-            return Outcome(PushBuild(push=pushed), changed=False)
-        after = agent.call("sources", {}, SourcesReply).source_hash
-        if after is not None and after != before:
-            built = build_with(agent, bopts, say)
-            return Outcome(PushBuild(push=pushed, build=built, kernel_sources_changed=True), changed=True)
-        say("kernel sources unchanged by this push; no build")
-        note = reuse_build(agent, bopts, say) if after is not None else None
-    return Outcome(PushBuild(push=pushed, note=note), changed=True)
-
-
-def reuse_build(agent: AgentSession, opts: BuildOptions, say: Say) -> str | None:
-    """The existing build (if any) now serves the new version too; never compiles."""
-    try:
-        build_with(agent, opts, lambda line: None, reuse_only=True)
-    except BuildError as exc:  # the push itself succeeded; the next `ddeploy build` says more
-        note = f"no usable kernel build for this version yet ({exc})"
-        say(f"note: {note}")
-        return note
-    return None
+    build = {"target": target(host), "options": {"force": bopts.force, "reuse_only": False}}
+    with session(host, popts) as agent:
+        res = push_with(agent, ps, popts, say, op="push-build", extra={"build": build}, model=PushBuildReply)
+    done = PushBuild(push=res.push, build=res.build, kernel_sources_changed=res.kernel_sources_changed, note=res.note)
+    return Outcome(done, changed=res.push.changed)
