@@ -35,7 +35,7 @@ from ..errors import ConnectError
 
 if TYPE_CHECKING:
     from ..inventory import Host
-    from .connection import Timeouts
+    from .retries import Timeouts
 
 
 def runtime_ssh_config(host: Host) -> Path | None:
