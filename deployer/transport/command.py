@@ -85,7 +85,9 @@ class LineSplitter:
         for line in lines:
             self.stream(line.decode(errors="replace"))
 
-    def flush(self) -> None:
+    def flush(self, drop: bytes = b"") -> None:
+        """Stream the last, unterminated line, without `drop` at its end."""
+        self.buf = self.buf.removesuffix(drop) if drop else self.buf
         if self.stream and self.buf:
             self.stream(self.buf.decode(errors="replace"))
         self.buf = b""

@@ -18,7 +18,7 @@ from paramiko.ssh_exception import SSHException
 
 from ..errors import ConnectError, RemoteCommandError
 from .command import Connection, LineSplitter, RunResult, StartedCommand, Stream, check_result, env_prefix
-from .command import quote_argv, signal_rc
+from .command import UNKNOWN_SIGNAL, quote_argv, signal_rc
 from .connect_errors import attempts_note, describe_connect_error
 from .retries import Timeouts, with_retries
 
@@ -50,7 +50,6 @@ class SSHConnection(Connection):
             raise ConnectError(message, host=self.name) from None
         self.transport = self.fabric.transport
         self.transport.set_keepalive(self.timeouts.keepalive)
-        _keep_exit_signals(self.transport)
 
     def _chain(self, accept_new: bool):
         from . import ssh
@@ -80,10 +79,7 @@ class SSHConnection(Connection):
         return started.finish(input, check=check, timeout=timeout, stream=stream)
 
     def start(self, argv, *, cwd=None, env=None, first_input=b"", hold_stdin=False):
-        words = [*env_prefix({**self.host.env, **(env or {})}), *argv]
-        line = quote_argv(words)
-        if cwd:
-            line = f"cd {shlex.quote(str(cwd))} && {line}"
+        line = remote_line([*env_prefix({**self.host.env, **(env or {})}), *argv], cwd)
         try:
             chan = self.transport.open_session()
             chan.exec_command(line)
@@ -121,22 +117,29 @@ class _StartedChannel(StartedCommand):
         return check_result(self.conn.name, self.argv, res, check)
 
 
-def _keep_exit_signals(transport: paramiko.Transport) -> None:
-    """paramiko ignores a channel's `exit-signal` (RFC 4254 6.10: the remote process was killed);
-    record its name on the channel so that is not mistaken for a cut connection."""
-    table = dict(transport._channel_handler_table)
-    table[paramiko.common.MSG_CHANNEL_REQUEST] = _channel_request
-    transport._channel_handler_table = table  # this transport only (its reader thread looks it up per message)
+# The command runs as a child of a POSIX sh that names the signal that killed it (sshd's
+# `exit-signal` is dropped by paramiko): a status above 128 ends stderr with the marker and the
+# signal's name. A command that itself exits 128+N reads the same (no shell can tell them apart).
+# The sh's own stderr is /dev/null (dash reports "Killed" there); the command keeps the real one.
+KILLED_MARK = "\x1eddeploy-exit-signal:"
+WRAPPER = (
+    'exec 3>&2 2>/dev/null; (exec 2>&3 3>&-; exec "$@"); s=$?; [ $s -gt 128 ] && n=$(kill -l $s)'
+    ' && printf "\\036ddeploy-exit-signal:%s" "$n" >&3; exit $s'
+)
 
 
-def _channel_request(chan: paramiko.Channel, m: paramiko.Message) -> None:
-    start = m.packet.tell()
-    if m.get_text() == "exit-signal":
-        m.get_boolean()  # want_reply: always false for exit-signal
-        chan.exit_signal = m.get_text()  # "KILL", "SEGV", ...: the name without "SIG"
-        return
-    m.packet.seek(start)
-    paramiko.Channel._handle_request(chan, m)
+def remote_line(words: list[str], cwd: str | None) -> str:
+    """The line the login shell runs: `sh -c WRAPPER sh WORDS...`, after `cd CWD &&`; all quoted."""
+    line = quote_argv(["sh", "-c", WRAPPER, "sh", *words])
+    return f"cd {shlex.quote(str(cwd))} && {line}" if cwd else line
+
+
+def split_killed_mark(err: bytes, rc: int) -> tuple[bytes, str | None]:
+    """stderr without the wrapper's marker, and the signal it names (None: not killed)."""
+    head, mark, name = err.rpartition(KILLED_MARK.encode())
+    if not mark or rc <= 128 or not name.isalnum():
+        return err, None
+    return head, name.decode()
 
 
 def _pump_channel(
@@ -179,11 +182,11 @@ def _pump_channel(
         transport = chan.get_transport()
         if transport is None or not transport.is_active():
             raise EOFError("the SSH transport closed")
-    splitter.flush()
     rc = chan.recv_exit_status()
-    killed = getattr(chan, "exit_signal", None)
-    if rc == -1 and killed:  # the process died of a signal; the connection is fine
-        return RunResult(signal_rc(killed), out.decode(errors="replace"), err.decode(errors="replace"), killed)
-    if rc == -1:  # the channel closed without an exit status: the connection went away
+    if rc == -1 and not (chan.eof_received and chan.get_transport().is_active()):
         raise EOFError("no exit status (connection cut)")
-    return RunResult(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+    err, killed = split_killed_mark(bytes(err), rc)
+    splitter.flush(drop=KILLED_MARK.encode() + killed.encode() if killed else b"")
+    if rc == -1:  # the wrapper itself was killed: sshd named the signal, which paramiko drops
+        killed, rc = UNKNOWN_SIGNAL, signal_rc(UNKNOWN_SIGNAL)
+    return RunResult(rc, out.decode(errors="replace"), err.decode(errors="replace"), killed)
