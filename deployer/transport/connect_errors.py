@@ -26,6 +26,8 @@ def describe_connect_error(exc: BaseException, target: str) -> str:
             f"host key for {target} is unknown (not in known_hosts); verify it and rerun with "
             f"--accept-new-host-keys to record it"
         )
+    if isinstance(exc, SSHException) and "is REVOKED" in msg:
+        return f"host key for {target} is REVOKED in known_hosts (@revoked); refusing to connect"
     if isinstance(exc, AuthenticationException):
         return f"authentication refused by {target} ({msg or 'no accepted key'}); check user and identity file"
     if isinstance(exc, NoValidConnectionsError):

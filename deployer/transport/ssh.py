@@ -14,9 +14,9 @@ What is done here rather than left to Fabric, and why:
 - ProxyJump chains are built here: Fabric 3.2 connects `ProxyJump a,b` in reverse (b first),
   OpenSSH connects a first, then b through a. Each hop is a fabric.Connection (`gateway=`).
 - Host keys: Fabric's default policy adds unknown keys silently and loads no known_hosts. Every hop
-  here loads its known_hosts (its ssh_config's UserKnownHostsFile, else ~/.ssh/known_hosts) and
-  rejects unknown keys (paramiko's RejectPolicy), unless --accept-new-host-keys records them; a
-  changed key is always refused.
+  here is judged against its known-hosts files as ssh reads them (known_hosts.py: every
+  UserKnownHostsFile and GlobalKnownHostsFile, tokens expanded) and unknown keys are refused,
+  unless --accept-new-host-keys records them in the first user file; a changed key is always refused.
 - Keys as OpenSSH offers them, on every hop: the hop's IdentityFile(s) (the inventory's
   `ssh.identity` first for the host itself), the ssh-agent's keys and the default ~/.ssh/id_*
   keys; `IdentitiesOnly yes` leaves out the agent's keys (and the defaults when files are named).
@@ -32,6 +32,7 @@ import paramiko
 from fabric import Config, Connection
 
 from ..errors import ConnectError
+from .known_hosts import KnownHosts, transport_preferring
 
 if TYPE_CHECKING:
     from ..inventory import Host
@@ -168,33 +169,12 @@ class _Builder:
         }
 
 
-class _RecordNewKey(paramiko.MissingHostKeyPolicy):
-    """`--accept-new-host-keys`: remember an unknown key and append it to known_hosts."""
-
-    def __init__(self, known_hosts: Path):
-        self.known_hosts = known_hosts
-
-    def missing_host_key(self, client, hostname, key):
-        self.known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        entry = paramiko.hostkeys.HostKeyEntry([hostname], key)
-        with open(self.known_hosts, "a") as fh:
-            fh.write(entry.to_line())
-        client.get_host_keys().add(hostname, key.get_name(), key)
-
-
-def known_hosts_path(options) -> Path:
-    """The hop's known_hosts: the first UserKnownHostsFile of its ssh_config, else ~/.ssh/known_hosts."""
-    files = options.get("userknownhostsfile")
-    first = files.split()[0] if isinstance(files, str) and files.strip() else (files[0] if files else None)
-    return Path(first or "~/.ssh/known_hosts").expanduser()
-
-
 def _strict_host_keys(conn: Connection, accept_new: bool) -> None:
-    """Replace Fabric's auto-adding policy: known_hosts loaded, unknown keys refused (or recorded)."""
-    known = known_hosts_path(conn.ssh_config)
-    if known.exists():
-        conn.client.load_host_keys(str(known))
-    conn.client.set_missing_host_key_policy(_RecordNewKey(known) if accept_new else paramiko.RejectPolicy())
+    """Replace Fabric's auto-adding policy: the hop's known-hosts files, as ssh reads them
+    (known_hosts.py), judge its key; unknown keys are refused (or recorded)."""
+    known = KnownHosts.for_hop(conn)
+    conn.client.set_missing_host_key_policy(known.policy(accept_new))
+    conn.connect_kwargs["transport_factory"] = transport_preferring(known.key_types())
 
 
 def hops(conn: Connection) -> list[Connection]:

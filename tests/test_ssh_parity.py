@@ -1,0 +1,140 @@
+"""OpenSSH parity on the real sshd test hosts: for each ssh_config, `ssh -F CONFIG -o BatchMode=yes
+ALIAS true` and ddeploy's connection to ALIAS both connect or both refuse (host keys from every
+known-hosts file, IdentitiesOnly with the agent's key, ConnectTimeout, a jump host that may not
+forward)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pwd
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from paramiko.hostkeys import HostKeys
+
+from deployer.errors import ConnectError
+from deployer.transport.connection import open_connection
+from sshd_hosts import _keygen
+from test_ssh_config import make_host
+
+pytestmark = pytest.mark.sshd
+HOME = pwd.getpwuid(os.getuid()).pw_dir  # ssh's `~` and %d (the password database, not $HOME)
+
+
+def ssh_connects(config: Path, alias: str = "t") -> bool:
+    cmd = ["ssh", "-F", str(config), "-o", "BatchMode=yes", alias, "true"]
+    return subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
+
+
+def ddeploy_connects(config: Path, alias: str = "t", **kwargs) -> str:
+    """The word ok, or ddeploy's one-line error."""
+    try:
+        with open_connection(make_host(alias, config=str(config)), **kwargs) as conn:
+            return "ok" if conn.run(["true"]).ok else "failed"
+    except ConnectError as exc:
+        return str(exc)
+
+
+def _config(path: Path, h, key: Path, extra: str) -> Path:
+    path.write_text(
+        f"Host t\n  HostName {h.address}\n  Port {h.port}\n  User root\n  IdentityFile {key}\n"
+        f"  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n{extra}"
+    )
+    return path
+
+
+def _home_relative(path: Path) -> str:
+    return os.path.relpath(path, HOME)
+
+
+# ---------------------------------------------------------------- a. known-hosts files
+@pytest.fixture
+def stale_line(hosts, tmp_path):
+    """h1's address and port with another host's key: a CHANGED key."""
+    other = tmp_path / "other_host_key"
+    _keygen(other, "other")
+    h = hosts.hosts[0]
+    return f"[{h.address}]:{h.port} " + " ".join(other.with_suffix(".pub").read_text().split()[:2]) + "\n"
+
+
+def _cases(good: str, stale: str, h) -> list[tuple[str, dict[str, str], str]]:
+    hashed = HostKeys.hash_host(f"[{h.address}]:{h.port}") + " " + good.split(" ", 1)[1]
+    pattern = f"[{h.address.rsplit('.', 1)[0]}.*]:{h.port},!10.0.0.1 " + good.split(" ", 1)[1]
+    return [
+        ("in the second global file", {"g2": good}, "ok"),
+        ("in the second user file", {"u2": good}, "ok"),
+        ("in no file", {}, "is unknown"),
+        ("changed in a global file", {"g1": stale}, "has CHANGED"),
+        ("changed in one file, listed in another", {"g1": stale, "u1": good}, "ok"),
+        ("changed and listed in one file", {"u2": stale + good}, "ok"),
+        ("hashed", {"g1": hashed}, "ok"),
+        ("a wildcard pattern", {"u1": pattern}, "ok"),
+        ("revoked, and listed", {"g1": "@revoked " + good, "u1": good}, "REVOKED"),
+    ]
+
+
+def test_host_keys_from_every_known_hosts_file_as_ssh_reads_them(hosts, tmp_path, stale_line):
+    h = hosts.hosts[0]
+    files = {n: tmp_path / n for n in ("g1", "g2", "u1", "u2")}
+    extra = f"  GlobalKnownHostsFile {files['g1']} {files['g2']}\n  UserKnownHostsFile {files['u1']} {files['u2']}\n"
+    config = _config(tmp_path / "config", h, hosts.client_key, extra)
+    for what, content, expected in _cases(h.known_hosts_line(), stale_line, h):
+        for name, path in files.items():
+            path.write_text(content.get(name, ""))
+        said = ddeploy_connects(config)
+        assert ssh_connects(config) == (expected == "ok"), f"ssh, key {what}"
+        assert expected in said, f"ddeploy, key {what}: {said}"
+
+
+def test_known_hosts_paths_take_tilde_tokens_and_environment_as_ssh_expands_them(hosts, tmp_path, monkeypatch):
+    """UserKnownHostsFile: `~`, %d %u %h %p %% %n %r %k %i %C %L %l and ${VAR}; GlobalKnownHostsFile:
+    `~` only (ssh leaves its %d alone). --accept-new-host-keys writes the first user file, and ssh
+    then trusts what it wrote (hashed: HashKnownHosts yes)."""
+    h = hosts.hosts[0]
+    local = socket.gethostname()
+    me = pwd.getpwuid(os.getuid()).pw_name
+    c_hash = hashlib.sha1(f"{local}{h.address}{h.port}root".encode()).hexdigest()  # noqa: S324
+    user = f"kh-{me}-{h.address}-{h.port}-%-t-root-t-{os.getuid()}-{c_hash}-{local.split('.')[0]}-{local}"
+    monkeypatch.setenv("DDEPLOY_TEST_KH", str(tmp_path))
+    pattern = "kh-%u-%h-%p-%%-%n-%r-%k-%i-%C-%L-%l"
+    extra = (
+        f"  UserKnownHostsFile ~/{_home_relative(tmp_path)}/{pattern} ${{DDEPLOY_TEST_KH}}/second\n"
+        f"  GlobalKnownHostsFile ~/{_home_relative(tmp_path)}/global %d/{_home_relative(tmp_path)}/literal\n"
+        "  HashKnownHosts yes\n"
+    )
+    config = _config(tmp_path / "config", h, hosts.client_key, extra)
+    for name in (user, "second", "global"):
+        (tmp_path / name).write_text(h.known_hosts_line())
+        assert ssh_connects(config) and ddeploy_connects(config) == "ok", name
+        (tmp_path / name).unlink()
+    assert not ssh_connects(config) and "is unknown" in ddeploy_connects(config)
+    (tmp_path / "literal").write_text(h.known_hosts_line())  # %d is not expanded in a global file
+    assert not ssh_connects(config) and "is unknown" in ddeploy_connects(config)
+    (tmp_path / user).write_text("")
+    assert ddeploy_connects(config, accept_new_host_keys=True) == "ok"
+    recorded = (tmp_path / user).read_text()
+    assert recorded.startswith("|1|") and h.public_key[1] in recorded and not (tmp_path / "second").exists()
+    assert ssh_connects(config) and ddeploy_connects(config) == "ok"
+
+
+def test_an_unknown_token_is_refused_as_ssh_refuses_it(hosts, tmp_path):
+    h = hosts.hosts[0]
+    config = _config(tmp_path / "config", h, hosts.client_key, f"  UserKnownHostsFile {tmp_path}/kh-%Z\n")
+    assert not ssh_connects(config)
+    assert "unknown token %Z" in ddeploy_connects(config)
+
+
+def test_the_default_known_hosts_files_are_ssh_defaults(tmp_path):
+    from deployer.transport.ssh import connection_chain, ssh_config_for
+    from deployer.transport.connection import Timeouts
+    from deployer.transport.known_hosts import KnownHosts
+
+    (tmp_path / "config").write_text("Host t\n  HostName 10.0.0.1\n")
+    host = make_host("t", config=str(tmp_path / "config"))
+    known = KnownHosts.for_hop(connection_chain(ssh_config_for(host, Timeouts()), host, Timeouts()))
+    assert known.user_files == [Path(HOME, ".ssh/known_hosts"), Path(HOME, ".ssh/known_hosts2")]
+    assert known.global_files == [Path("/etc/ssh/ssh_known_hosts"), Path("/etc/ssh/ssh_known_hosts2")]
+    assert known.name == "10.0.0.1"
