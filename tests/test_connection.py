@@ -222,3 +222,25 @@ def test_command_timeout_from_the_environment(hosts, monkeypatch):
     monkeypatch.setenv("DDEPLOY_CONNECT_TIMEOUT", "soon")
     with pytest.raises(ConnectError, match="is not a number"):
         Timeouts.from_env()
+
+
+def test_connect_retries_have_a_cap_in_attempts_and_in_time(monkeypatch):
+    """At most 10 retries (DDEPLOY_CONNECT_RETRIES above is refused), and none that would start
+    later than the retry window after the first attempt (60 s by default)."""
+    from deployer.transport.connection import Timeouts, with_retries
+
+    monkeypatch.setenv("DDEPLOY_CONNECT_RETRIES", "11")
+    with pytest.raises(ConnectError, match=r"DDEPLOY_CONNECT_RETRIES='11' is not a int between 0 and 10"):
+        Timeouts.from_env()
+    tries: list[float] = []
+
+    def refused():
+        tries.append(time.monotonic())
+        raise ConnectionRefusedError("refused")
+
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionRefusedError) as err:
+        with_retries(refused, Timeouts(retries=10, backoff=0.05, retry_window=0.3))
+    assert err.value.attempts == len(tries) == 3  # waits 0.05 and 0.1; a third (0.2) would end after 0.3 s
+    assert time.monotonic() - t0 < 0.3
+    assert Timeouts().retry_window == 60 and Timeouts().retries == 3

@@ -10,6 +10,8 @@ import os
 import pwd
 import socket
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,16 +19,20 @@ from paramiko.hostkeys import HostKeys
 
 from deployer.errors import ConnectError
 from deployer.transport.connection import open_connection
-from sshd_hosts import _keygen
+from sshd_hosts import SshdHost, _free_port, _keygen
 from test_ssh_config import make_host
 
 pytestmark = pytest.mark.sshd
 HOME = pwd.getpwuid(os.getuid()).pw_dir  # ssh's `~` and %d (the password database, not $HOME)
 
 
-def ssh_connects(config: Path, alias: str = "t") -> bool:
+def ssh_says(config: Path, alias: str = "t") -> subprocess.CompletedProcess:
     cmd = ["ssh", "-F", str(config), "-o", "BatchMode=yes", alias, "true"]
-    return subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def ssh_connects(config: Path, alias: str = "t") -> bool:
+    return ssh_says(config, alias).returncode == 0
 
 
 def ddeploy_connects(config: Path, alias: str = "t", **kwargs) -> str:
@@ -138,3 +144,100 @@ def test_the_default_known_hosts_files_are_ssh_defaults(tmp_path):
     assert known.user_files == [Path(HOME, ".ssh/known_hosts"), Path(HOME, ".ssh/known_hosts2")]
     assert known.global_files == [Path("/etc/ssh/ssh_known_hosts"), Path("/etc/ssh/ssh_known_hosts2")]
     assert known.name == "10.0.0.1"
+
+
+# ---------------------------------------------------------------- c. ConnectTimeout
+@pytest.fixture
+def blackhole():
+    """(address, port) whose listen queue is full: a SYN there gets no answer (a dropped packet)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    address, fill = srv.getsockname(), []
+    for _ in range(8):  # fill the queue until a connect is left hanging
+        s = socket.socket()
+        s.settimeout(0.2)
+        fill.append(s)
+        try:
+            s.connect(address)
+        except OSError:
+            break
+    try:
+        yield address
+    finally:
+        for s in [*fill, srv]:
+            s.close()
+
+
+def _timed(fn) -> tuple[object, float]:
+    """fn()'s result (or "still waiting" after 15 s) and how long it took, from a thread."""
+    out: list = []
+    t0 = time.monotonic()
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    thread.join(15)
+    return (out[0] if out else "still waiting"), time.monotonic() - t0
+
+
+def test_connect_timeout_in_the_ssh_config_is_kept_as_ssh_keeps_it(blackhole, tmp_path, monkeypatch):
+    """`ConnectTimeout 1` bounds the host's connect for ssh and for ddeploy alike (not ddeploy's
+    10 s default); `ConnectTimeout 0.5` is a bad configuration to both (ssh takes whole seconds)."""
+    monkeypatch.setenv("DDEPLOY_CONNECT_RETRIES", "0")
+    monkeypatch.delenv("DDEPLOY_CONNECT_TIMEOUT", raising=False)
+    address, port = blackhole
+    config = tmp_path / "config"
+    config.write_text(f"Host t\n  HostName {address}\n  Port {port}\n  User root\n  ConnectTimeout 1\n")
+    said, took = _timed(lambda: ssh_connects(config))
+    assert said is False and took < 5, f"ssh took {took:.1f}s"
+    said, took = _timed(lambda: ddeploy_connects(config))
+    assert "timed out connecting" in str(said) and took < 5, f"ddeploy: {said} after {took:.1f}s"
+    config.write_text(config.read_text().replace("ConnectTimeout 1", "ConnectTimeout 0.5"))
+    assert not ssh_connects(config)
+    assert "ConnectTimeout '0.5' is not a time" in ddeploy_connects(config)
+
+
+def test_a_sub_second_connect_timeout_from_the_environment_is_kept(blackhole, tmp_path, monkeypatch):
+    """DDEPLOY_CONNECT_TIMEOUT=0.5 is half a second, not 0 (which would be no timeout at all)."""
+    monkeypatch.setenv("DDEPLOY_CONNECT_RETRIES", "0")
+    monkeypatch.setenv("DDEPLOY_CONNECT_TIMEOUT", "0.5")
+    address, port = blackhole
+    config = tmp_path / "config"
+    config.write_text(f"Host t\n  HostName {address}\n  Port {port}\n  User root\n  ConnectTimeout 30\n")
+    said, took = _timed(lambda: ddeploy_connects(config))
+    assert "timed out connecting" in str(said) and 0.4 < took < 3, f"ddeploy: {said} after {took:.1f}s"
+
+
+# ---------------------------------------------------------------- d. a jump host that may not forward
+class _NoForwarding(SshdHost):
+    """A jump host whose sshd refuses every forward (`PermitOpen none`): administratively prohibited."""
+
+    def _write_config(self) -> None:
+        super()._write_config()
+        with open(self.config_path, "a") as fh:
+            fh.write("PermitOpen none\n")
+
+
+@pytest.fixture
+def closed_gate(hosts, tmp_path):
+    address = "127.0.0.22"
+    (tmp_path / "closed").mkdir()
+    g = _NoForwarding("closed", address, _free_port(address), tmp_path / "closed", hosts.hosts[0].authorized_keys)
+    g.start()
+    try:
+        yield g
+    finally:
+        g.stop()
+
+
+def test_a_jump_host_that_may_not_forward_is_refused_at_once_as_ssh_refuses(hosts, closed_gate, tmp_path, monkeypatch):
+    monkeypatch.setenv("DDEPLOY_CONNECT_BACKOFF", "10")  # a retry would take 10 s
+    h2, known = hosts.hosts[1], tmp_path / "known_hosts"
+    known.write_text(closed_gate.known_hosts_line() + h2.known_hosts_line())
+    kh = f"  UserKnownHostsFile {known}\n"
+    config = _config(tmp_path / "config", h2, hosts.client_key, kh + "  ProxyJump gate\n")
+    config.write_text(config.read_text() + _config(tmp_path / "g", closed_gate, hosts.client_key, kh).read_text()
+                      .replace("Host t", "Host gate"))  # fmt: skip
+    assert "administratively prohibited" in ssh_says(config).stderr
+    said, took = _timed(lambda: ddeploy_connects(config))
+    assert "refused to forward the connection (administratively prohibited" in str(said), said
+    assert "tried" not in str(said) and took < 8

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from paramiko.ssh_exception import AuthenticationException, BadHostKeyException, NoValidConnectionsError, SSHException
+from paramiko.ssh_exception import AuthenticationException, BadHostKeyException, ChannelException
+from paramiko.ssh_exception import NoValidConnectionsError, SSHException
 
 
 def attempts_note(exc: BaseException) -> str:
@@ -30,6 +31,13 @@ def describe_connect_error(exc: BaseException, target: str) -> str:
         return f"host key for {target} is REVOKED in known_hosts (@revoked); refusing to connect"
     if isinstance(exc, AuthenticationException):
         return f"authentication refused by {target} ({msg or 'no accepted key'}); check user and identity file"
+    if isinstance(exc, ChannelException) and exc.code == 1:
+        return (
+            f"{target}: the jump host refused to forward the connection (administratively prohibited: its "
+            f"sshd's AllowTcpForwarding/PermitOpen forbid it); allow it there or use another ProxyJump"
+        )
+    if isinstance(exc, ChannelException):
+        return f"{target}: the jump host could not open the connection ({exc.text}); is sshd running there?"
     if isinstance(exc, NoValidConnectionsError):
         return f"{target} is unreachable (connection refused); is sshd running and the address right?"
     if isinstance(exc, socket.gaierror):

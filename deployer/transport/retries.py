@@ -18,17 +18,22 @@ from paramiko.ssh_exception import AuthenticationException, BadHostKeyException,
 from ..errors import ConnectError
 
 T = TypeVar("T")
+MAX_RETRIES = 10  # DDEPLOY_CONNECT_RETRIES above this is refused
+# paramiko.ChannelException codes (RFC 4254 5.1) a jump host answers when it will not open the
+# next hop: ADMINISTRATIVELY_PROHIBITED (its sshd forbids it) and UNKNOWN_CHANNEL_TYPE never change.
+NEVER_TRANSIENT_OPEN_FAILURES = (1, 3)
 
 
 @dataclass(frozen=True)
 class Timeouts:
-    connect: float = 10.0  # TCP connect
+    connect: float | None = None  # TCP connect; None: the ssh_config's ConnectTimeout, else 10 s
     banner: float = 10.0  # SSH banner after TCP connect
     auth: float = 15.0
     command: float | None = None  # default per-command limit (None: no limit)
     keepalive: int = 15  # seconds between keepalives; a dead peer is noticed
     retries: int = 3  # connects tried again after a refusal or a timeout (a host rebooting)
     backoff: float = 1.0  # seconds before the first retry; doubled before each next one
+    retry_window: float = 60.0  # no retry starts (its wait included) later than this after the first attempt
 
     @classmethod
     def from_env(cls) -> "Timeouts":
@@ -52,7 +57,11 @@ class Timeouts:
 
 def _retry_settings() -> dict:
     values: dict = {}
-    for name, key, kind in (("retries", "DDEPLOY_CONNECT_RETRIES", int), ("backoff", "DDEPLOY_CONNECT_BACKOFF", float)):
+    settings = (
+        ("retries", "DDEPLOY_CONNECT_RETRIES", int, MAX_RETRIES),
+        ("backoff", "DDEPLOY_CONNECT_BACKOFF", float, 60),
+    )
+    for name, key, kind, most in settings:
         raw = os.environ.get(key)
         if not raw:
             continue
@@ -60,32 +69,36 @@ def _retry_settings() -> dict:
             values[name] = kind(raw)
         except ValueError:
             values[name] = -1
-        if not 0 <= values[name] < 1000:
-            raise ConnectError(f"{key}={raw!r} is not a {kind.__name__} between 0 and 1000")
+        if not 0 <= values[name] <= most:
+            raise ConnectError(f"{key}={raw!r} is not a {kind.__name__} between 0 and {most}")
     return values
 
 
 def is_transient(exc: BaseException) -> bool:
     """A connect that may work a moment later: refused (sshd not up yet, directly or through a
-    jump host) or timed out. Never an authentication or host-key failure."""
+    jump host) or timed out. Never an authentication or host-key failure, nor a jump host that
+    refuses to forward (administratively prohibited)."""
     if isinstance(exc, (AuthenticationException, BadHostKeyException)):
         return False
-    if isinstance(exc, paramiko.ChannelException):  # a jump host could not reach the next hop
-        return True
+    if isinstance(exc, paramiko.ChannelException):  # a jump host could not open the next hop
+        return exc.code not in NEVER_TRANSIENT_OPEN_FAILURES
     return isinstance(exc, (NoValidConnectionsError, ConnectionRefusedError, socket.timeout, TimeoutError))
 
 
 def with_retries(connect: Callable[[], T], timeouts: Timeouts) -> tuple[T, int]:
     """connect(), tried again after a transient failure (is_transient) up to timeouts.retries
-    times, waiting backoff, 2x backoff, ...; the result and the number of attempts. Raises the
+    times (at most MAX_RETRIES), waiting backoff, 2x backoff, ..., while the next attempt starts
+    within timeouts.retry_window of the first; the result and the number of attempts. Raises the
     last failure with `attempts` set on it."""
-    attempt = 0
+    attempt, start = 0, time.monotonic()
     while True:
         attempt += 1
         try:
             return connect(), attempt
         except Exception as exc:
-            if attempt > timeouts.retries or not is_transient(exc):
+            wait = timeouts.backoff * 2 ** (attempt - 1)
+            late = time.monotonic() + wait - start > timeouts.retry_window
+            if attempt > min(timeouts.retries, MAX_RETRIES) or late or not is_transient(exc):
                 exc.attempts = attempt  # type: ignore[attr-defined]
                 raise
-        time.sleep(timeouts.backoff * 2 ** (attempt - 1))
+        time.sleep(wait)

@@ -25,6 +25,7 @@ What is done here rather than left to Fabric, and why:
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,14 +59,13 @@ def runtime_ssh_config(host: Host) -> Path | None:
 
 
 def ssh_config_for(host: Host, timeouts: Timeouts) -> Config:
-    """Fabric's Config for this host: its ssh_config files loaded, the default timeouts set."""
+    """Fabric's Config for this host: its ssh_config files loaded."""
     runtime = runtime_ssh_config(host)
     try:
         return Config(
             runtime_ssh_path=str(runtime) if runtime else None,
             system_ssh_path=os.environ.get("DDEPLOY_SYSTEM_SSH_CONFIG", "/etc/ssh/ssh_config"),
             user_ssh_path=os.environ.get("DDEPLOY_USER_SSH_CONFIG", "~/.ssh/config"),
-            overrides={"timeouts": {"connect": int(timeouts.connect)}},
         )
     except (paramiko.SSHException, ValueError, OSError) as exc:  # ConfigParseError, not UTF-8, ...
         raise config_error(host, exc) from None
@@ -78,6 +78,18 @@ def config_error(host: Host, exc: Exception) -> ConnectError:
     first = str(exc).splitlines()[0] if str(exc) else ""
     return ConnectError(f"{where} cannot be used for {host.ssh.host}: {type(exc).__name__}: {first}; fix it",
                         host=host.name)  # fmt: skip
+
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+_TIME_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def convtime(value: str) -> int:
+    """An ssh_config time (`30`, `1m30s`) in whole seconds, as ssh reads it; ValueError otherwise."""
+    parts = re.findall(r"(\d+)([smhdw]?)", str(value).lower())
+    if not parts or "".join(n + u for n, u in parts) != str(value).lower():
+        raise ValueError(f"ConnectTimeout {value!r} is not a time (whole seconds, or e.g. 1m30s)")
+    return sum(int(n) * _TIME_UNITS[u] for n, u in parts)
 
 
 def split_spec(spec: str) -> tuple[str | None, str, int | None]:
@@ -134,11 +146,20 @@ class _Builder:
             port=port,
             config=self.config,
             gateway=gateway,
-            connect_timeout=int(self.timeouts.connect) if is_target else None,  # hops: their ConnectTimeout
-            connect_kwargs=self._auth(options, keys or []),
+            connect_timeout=0,  # Fabric's would be whole seconds: the timeout goes in connect_kwargs
+            connect_kwargs={**self._auth(options, keys or []), "timeout": self._connect_timeout(options, is_target)},
         )
+        conn.connect_timeout = None
         _strict_host_keys(conn, self.accept_new)
         return conn
+
+    def _connect_timeout(self, options, is_target: bool) -> float | None:
+        """Seconds for the TCP connect: DDEPLOY_CONNECT_TIMEOUT first for the host itself, the
+        hop's ConnectTimeout first for a jump host; else 10 s. `ConnectTimeout 0`: none, as in ssh."""
+        own = convtime(options["connecttimeout"]) if "connecttimeout" in options else None
+        first, then = (self.timeouts.connect, own) if is_target else (own, self.timeouts.connect)
+        seconds = next((s for s in (first, then) if s is not None), DEFAULT_CONNECT_TIMEOUT)
+        return seconds or None
 
     def _gateway(self, alias: str, options, jump: str | None, seen: frozenset[str]):
         """The Connection to reach `alias` through (its last ProxyJump hop), a ProxyCommand
