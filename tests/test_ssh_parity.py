@@ -241,3 +241,42 @@ def test_a_jump_host_that_may_not_forward_is_refused_at_once_as_ssh_refuses(host
     said, took = _timed(lambda: ddeploy_connects(config))
     assert "refused to forward the connection (administratively prohibited" in str(said), said
     assert "tried" not in str(said) and took < 8
+
+
+# ---------------------------------------------------------------- b. IdentitiesOnly and the agent
+@pytest.fixture
+def agent(tmp_path, monkeypatch):
+    """A real ssh-agent for this test (SSH_AUTH_SOCK set for ssh and ddeploy); add keys with ssh-add."""
+    sock = tmp_path / "agent.sock"
+    proc = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    for _ in range(100):
+        if sock.exists():
+            break
+        time.sleep(0.05)
+    monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+    try:
+        yield lambda key: subprocess.run(["ssh-add", "-q", str(key)], check=True, capture_output=True)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def test_identities_only_keeps_the_agents_copy_of_the_named_key(hosts, tmp_path, agent):
+    """An IdentityFile that exists only as .pub authenticates through the agent's copy, and only
+    that key is offered: naming another agent-held key's .pub is refused by both."""
+    import shutil
+
+    h = hosts.hosts[0]
+    foreign = tmp_path / "foreign"
+    _keygen(foreign, "foreign")
+    agent(hosts.client_key)
+    agent(foreign)
+    shutil.copy(hosts.client_key.with_suffix(".pub"), tmp_path / "held.pub")  # no private file beside it
+    foreign.unlink()
+    kh = f"  UserKnownHostsFile {hosts.known_hosts}\n"
+    config = _config(tmp_path / "config", h, tmp_path / "held", kh)
+    assert ssh_connects(config)
+    assert ddeploy_connects(config) == "ok"
+    config = _config(tmp_path / "config", h, foreign, kh)
+    assert not ssh_connects(config)
+    assert "authentication refused" in ddeploy_connects(config)

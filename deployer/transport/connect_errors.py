@@ -46,6 +46,8 @@ def describe_connect_error(exc: BaseException, target: str) -> str:
         return f"timed out connecting to {target}; check the network/firewall"
     if isinstance(exc, SSHException) and ("banner" in msg.lower() or "No existing session" in msg):
         return f"{target} accepted TCP but sent no SSH banner (banner timeout); is it an SSH server?"
+    if isinstance(exc, FileNotFoundError) and exc.filename:  # paramiko's last word after every key failed
+        return f"authentication refused by {target} (no key accepted; identity file {exc.filename} does not exist)"
     if isinstance(exc, OSError):
         return f"cannot connect to {target}: {exc.strerror or exc}"
     return f"cannot connect to {target}: {type(exc).__name__}: {msg.splitlines()[0] if msg else ''}"

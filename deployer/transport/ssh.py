@@ -19,7 +19,8 @@ What is done here rather than left to Fabric, and why:
   unless --accept-new-host-keys records them in the first user file; a changed key is always refused.
 - Keys as OpenSSH offers them, on every hop: the hop's IdentityFile(s) (the inventory's
   `ssh.identity` first for the host itself), the ssh-agent's keys and the default ~/.ssh/id_*
-  keys; `IdentitiesOnly yes` leaves out the agent's keys (and the defaults when files are named).
+  keys; `IdentitiesOnly yes` leaves out the agent's keys (and the defaults when files are named),
+  except the agent's copy of a named key that exists only as `.pub` (agent_key_for).
 """
 
 from __future__ import annotations
@@ -180,14 +181,32 @@ class _Builder:
     def _auth(self, options, keys: list[str]) -> dict:
         """paramiko's connect() arguments for one hop (Fabric adds the ssh_config's IdentityFile)."""
         only = str(options.get("identitiesonly", "no")).lower() == "yes"
-        named = bool(keys or options.get("identityfile"))
+        named = [*keys, *options.get("identityfile", [])]
+        held = agent_key_for(named) if only else None
         return {
             "key_filename": keys,
             "allow_agent": not only,
             "look_for_keys": not (only and named),
             "banner_timeout": self.timeouts.banner,
             "auth_timeout": self.timeouts.auth,
+            **({"pkey": held} if held else {}),
         }
+
+
+def agent_key_for(identity_files: list[str]) -> paramiko.AgentKey | None:
+    """`IdentitiesOnly yes` keeps the agent's copy of a named key, as ssh does: the first named
+    IdentityFile that exists only as `.pub` (how an agent-held key is configured) whose key the
+    ssh-agent holds; paramiko offers it first (pkey), and no other agent key."""
+    wanted = []
+    for name in identity_files:
+        path = Path(name).expanduser()
+        public = path.with_name(path.name + ".pub")
+        if not path.exists() and public.is_file():
+            wanted += public.read_text().split()[1:2]
+    if not wanted:
+        return None
+    held = {key.get_base64(): key for key in paramiko.Agent().get_keys()}
+    return next((held[blob] for blob in wanted if blob in held), None)
 
 
 def _strict_host_keys(conn: Connection, accept_new: bool) -> None:
