@@ -44,11 +44,47 @@ def test_a_command_killed_by_a_signal_is_told_apart_from_a_cut_connection(hosts,
     host = local_host() if name == "local" else _host(hosts, name)
     with open_connection(host) as conn:
         res = conn.run(["sh", "-c", "echo half; kill -KILL $$"], check=False)  # the SSH host sends exit-signal
-        assert (res.signal, res.rc, res.stdout) == ("KILL", 137, "half\n")
+        assert (res.signal, res.rc, res.stdout, res.stderr) == ("KILL", 137, "half\n", "")
         with pytest.raises(RemoteCommandError, match=rf"^\[{name}\] `sh -c echo half; kill -KILL \$\$...` was killed"
                            r" by SIGKILL$"):  # fmt: skip
             conn.run(["sh", "-c", "echo half; kill -KILL $$"])
         assert conn.run(["true"]).ok  # the connection is still up
+
+
+def test_a_killed_commands_stderr_and_progress_lines_are_its_own(hosts):
+    """The SSH side learns the signal from the remote wrapper (ssh_connection.WRAPPER), whose
+    marker never shows in stderr or in the streamed progress lines, whole or partial."""
+    lines: list[str] = []
+    script = "echo one >&2; printf partial >&2; kill -TERM $$"
+    with open_connection(_host(hosts, "h1")) as conn:
+        res = conn.run(["sh", "-c", script], check=False, stream=lines.append)
+        assert (res.signal, res.rc, res.stderr, lines) == ("TERM", 143, "one\npartial", ["one", "partial"])
+        res = conn.run(["sh", "-c", "echo err >&2; exit 3"], check=False, stream=lines.append)
+        assert (res.signal, res.rc, res.stderr, lines[2:]) == (None, 3, "err\n", ["err"])
+        assert conn.run(["head", "-c", "3"], input=b"abcdef", hold_stdin=True).stdout == "abc"  # stdin goes through
+
+
+def test_a_killed_wrapper_is_a_killed_command_not_a_cut_connection(hosts):
+    """Even the wrapper's own death (the command's parent is the wrapper sh) reads as death by a
+    signal, whose name only sshd's exit-signal carried, and the connection stays usable."""
+    with open_connection(_host(hosts, "h1")) as conn:
+        res = conn.run(["sh", "-c", "kill -KILL $PPID; sleep 1"], check=False)
+        assert (res.signal, res.rc) == ("?", 255)
+        with pytest.raises(RemoteCommandError, match=r"was killed by a signal$"):
+            conn.run(["sh", "-c", "kill -KILL $PPID; sleep 1"])
+        assert conn.run(["true"]).ok
+
+
+def test_the_transport_uses_no_private_paramiko_api():
+    """Exit signals come from the remote wrapper, not from paramiko's private handler table."""
+    from pathlib import Path
+
+    import deployer.transport as transport
+
+    for path in Path(transport.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        for name in ("_channel_handler_table", "_handle_request", "exit_signal"):
+            assert name not in text, f"{path.name} uses paramiko's {name}"
 
 
 def test_stopped_host_is_unreachable(hosts):
@@ -186,3 +222,25 @@ def test_command_timeout_from_the_environment(hosts, monkeypatch):
     monkeypatch.setenv("DDEPLOY_CONNECT_TIMEOUT", "soon")
     with pytest.raises(ConnectError, match="is not a number"):
         Timeouts.from_env()
+
+
+def test_connect_retries_have_a_cap_in_attempts_and_in_time(monkeypatch):
+    """At most 10 retries (DDEPLOY_CONNECT_RETRIES above is refused), and none that would start
+    later than the retry window after the first attempt (60 s by default)."""
+    from deployer.transport.connection import Timeouts, with_retries
+
+    monkeypatch.setenv("DDEPLOY_CONNECT_RETRIES", "11")
+    with pytest.raises(ConnectError, match=r"DDEPLOY_CONNECT_RETRIES='11' is not a int between 0 and 10"):
+        Timeouts.from_env()
+    tries: list[float] = []
+
+    def refused():
+        tries.append(time.monotonic())
+        raise ConnectionRefusedError("refused")
+
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionRefusedError) as err:
+        with_retries(refused, Timeouts(retries=10, backoff=0.05, retry_window=0.3))
+    assert err.value.attempts == len(tries) == 3  # waits 0.05 and 0.1; a third (0.2) would end after 0.3 s
+    assert time.monotonic() - t0 < 0.3
+    assert Timeouts().retry_window == 60 and Timeouts().retries == 3

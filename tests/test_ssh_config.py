@@ -70,7 +70,7 @@ def test_proxyjump_hops_are_connected_in_openssh_order(tmp_path):
     (tmp_path / "ssh_config").write_text(CONFIG)
     conn = chain(make_host("b300", config=str(tmp_path / "ssh_config")))
     me = getpass.getuser()
-    got = [(f"{c.user}@{c.host}:{c.port}", c.connect_timeout) for c in hops(conn)]
+    got = [(f"{c.user}@{c.host}:{c.port}", c.connect_kwargs["timeout"]) for c in hops(conn)]
     assert got == [(f"{me}@10.0.0.9:22", 3), ("carol@j2:2200", 10), ("bob@10.0.0.1:2222", 10)]  # j1 first
 
 

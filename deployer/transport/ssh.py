@@ -14,17 +14,19 @@ What is done here rather than left to Fabric, and why:
 - ProxyJump chains are built here: Fabric 3.2 connects `ProxyJump a,b` in reverse (b first),
   OpenSSH connects a first, then b through a. Each hop is a fabric.Connection (`gateway=`).
 - Host keys: Fabric's default policy adds unknown keys silently and loads no known_hosts. Every hop
-  here loads its known_hosts (its ssh_config's UserKnownHostsFile, else ~/.ssh/known_hosts) and
-  rejects unknown keys (paramiko's RejectPolicy), unless --accept-new-host-keys records them; a
-  changed key is always refused.
+  here is judged against its known-hosts files as ssh reads them (known_hosts.py: every
+  UserKnownHostsFile and GlobalKnownHostsFile, tokens expanded) and unknown keys are refused,
+  unless --accept-new-host-keys records them in the first user file; a changed key is always refused.
 - Keys as OpenSSH offers them, on every hop: the hop's IdentityFile(s) (the inventory's
   `ssh.identity` first for the host itself), the ssh-agent's keys and the default ~/.ssh/id_*
-  keys; `IdentitiesOnly yes` leaves out the agent's keys (and the defaults when files are named).
+  keys; `IdentitiesOnly yes` leaves out the agent's keys (and the defaults when files are named),
+  except the agent's copy of a named key that exists only as `.pub` (agent_key_for).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,10 +34,11 @@ import paramiko
 from fabric import Config, Connection
 
 from ..errors import ConnectError
+from .known_hosts import KnownHosts, transport_preferring
 
 if TYPE_CHECKING:
     from ..inventory import Host
-    from .connection import Timeouts
+    from .retries import Timeouts
 
 
 def runtime_ssh_config(host: Host) -> Path | None:
@@ -57,14 +60,13 @@ def runtime_ssh_config(host: Host) -> Path | None:
 
 
 def ssh_config_for(host: Host, timeouts: Timeouts) -> Config:
-    """Fabric's Config for this host: its ssh_config files loaded, the default timeouts set."""
+    """Fabric's Config for this host: its ssh_config files loaded."""
     runtime = runtime_ssh_config(host)
     try:
         return Config(
             runtime_ssh_path=str(runtime) if runtime else None,
             system_ssh_path=os.environ.get("DDEPLOY_SYSTEM_SSH_CONFIG", "/etc/ssh/ssh_config"),
             user_ssh_path=os.environ.get("DDEPLOY_USER_SSH_CONFIG", "~/.ssh/config"),
-            overrides={"timeouts": {"connect": int(timeouts.connect)}},
         )
     except (paramiko.SSHException, ValueError, OSError) as exc:  # ConfigParseError, not UTF-8, ...
         raise config_error(host, exc) from None
@@ -77,6 +79,18 @@ def config_error(host: Host, exc: Exception) -> ConnectError:
     first = str(exc).splitlines()[0] if str(exc) else ""
     return ConnectError(f"{where} cannot be used for {host.ssh.host}: {type(exc).__name__}: {first}; fix it",
                         host=host.name)  # fmt: skip
+
+
+DEFAULT_CONNECT_TIMEOUT = 10.0
+_TIME_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def convtime(value: str) -> int:
+    """An ssh_config time (`30`, `1m30s`) in whole seconds, as ssh reads it; ValueError otherwise."""
+    parts = re.findall(r"(\d+)([smhdw]?)", str(value).lower())
+    if not parts or "".join(n + u for n, u in parts) != str(value).lower():
+        raise ValueError(f"ConnectTimeout {value!r} is not a time (whole seconds, or e.g. 1m30s)")
+    return sum(int(n) * _TIME_UNITS[u] for n, u in parts)
 
 
 def split_spec(spec: str) -> tuple[str | None, str, int | None]:
@@ -133,11 +147,20 @@ class _Builder:
             port=port,
             config=self.config,
             gateway=gateway,
-            connect_timeout=int(self.timeouts.connect) if is_target else None,  # hops: their ConnectTimeout
-            connect_kwargs=self._auth(options, keys or []),
+            connect_timeout=0,  # Fabric's would be whole seconds: the timeout goes in connect_kwargs
+            connect_kwargs={**self._auth(options, keys or []), "timeout": self._connect_timeout(options, is_target)},
         )
+        conn.connect_timeout = None
         _strict_host_keys(conn, self.accept_new)
         return conn
+
+    def _connect_timeout(self, options, is_target: bool) -> float | None:
+        """Seconds for the TCP connect: DDEPLOY_CONNECT_TIMEOUT first for the host itself, the
+        hop's ConnectTimeout first for a jump host; else 10 s. `ConnectTimeout 0`: none, as in ssh."""
+        own = convtime(options["connecttimeout"]) if "connecttimeout" in options else None
+        first, then = (self.timeouts.connect, own) if is_target else (own, self.timeouts.connect)
+        seconds = next((s for s in (first, then) if s is not None), DEFAULT_CONNECT_TIMEOUT)
+        return seconds or None
 
     def _gateway(self, alias: str, options, jump: str | None, seen: frozenset[str]):
         """The Connection to reach `alias` through (its last ProxyJump hop), a ProxyCommand
@@ -158,43 +181,40 @@ class _Builder:
     def _auth(self, options, keys: list[str]) -> dict:
         """paramiko's connect() arguments for one hop (Fabric adds the ssh_config's IdentityFile)."""
         only = str(options.get("identitiesonly", "no")).lower() == "yes"
-        named = bool(keys or options.get("identityfile"))
+        named = [*keys, *options.get("identityfile", [])]
+        held = agent_key_for(named) if only else None
         return {
             "key_filename": keys,
             "allow_agent": not only,
             "look_for_keys": not (only and named),
             "banner_timeout": self.timeouts.banner,
             "auth_timeout": self.timeouts.auth,
+            **({"pkey": held} if held else {}),
         }
 
 
-class _RecordNewKey(paramiko.MissingHostKeyPolicy):
-    """`--accept-new-host-keys`: remember an unknown key and append it to known_hosts."""
-
-    def __init__(self, known_hosts: Path):
-        self.known_hosts = known_hosts
-
-    def missing_host_key(self, client, hostname, key):
-        self.known_hosts.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        entry = paramiko.hostkeys.HostKeyEntry([hostname], key)
-        with open(self.known_hosts, "a") as fh:
-            fh.write(entry.to_line())
-        client.get_host_keys().add(hostname, key.get_name(), key)
-
-
-def known_hosts_path(options) -> Path:
-    """The hop's known_hosts: the first UserKnownHostsFile of its ssh_config, else ~/.ssh/known_hosts."""
-    files = options.get("userknownhostsfile")
-    first = files.split()[0] if isinstance(files, str) and files.strip() else (files[0] if files else None)
-    return Path(first or "~/.ssh/known_hosts").expanduser()
+def agent_key_for(identity_files: list[str]) -> paramiko.AgentKey | None:
+    """`IdentitiesOnly yes` keeps the agent's copy of a named key, as ssh does: the first named
+    IdentityFile that exists only as `.pub` (how an agent-held key is configured) whose key the
+    ssh-agent holds; paramiko offers it first (pkey), and no other agent key."""
+    wanted = []
+    for name in identity_files:
+        path = Path(name).expanduser()
+        public = path.with_name(path.name + ".pub")
+        if not path.exists() and public.is_file():
+            wanted += public.read_text().split()[1:2]
+    if not wanted:
+        return None
+    held = {key.get_base64(): key for key in paramiko.Agent().get_keys()}
+    return next((held[blob] for blob in wanted if blob in held), None)
 
 
 def _strict_host_keys(conn: Connection, accept_new: bool) -> None:
-    """Replace Fabric's auto-adding policy: known_hosts loaded, unknown keys refused (or recorded)."""
-    known = known_hosts_path(conn.ssh_config)
-    if known.exists():
-        conn.client.load_host_keys(str(known))
-    conn.client.set_missing_host_key_policy(_RecordNewKey(known) if accept_new else paramiko.RejectPolicy())
+    """Replace Fabric's auto-adding policy: the hop's known-hosts files, as ssh reads them
+    (known_hosts.py), judge its key; unknown keys are refused (or recorded)."""
+    known = KnownHosts.for_hop(conn)
+    conn.client.set_missing_host_key_policy(known.policy(accept_new))
+    conn.connect_kwargs["transport_factory"] = transport_preferring(known.key_types())
 
 
 def hops(conn: Connection) -> list[Connection]:
