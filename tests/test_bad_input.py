@@ -289,7 +289,8 @@ def test_missing_identity_file_is_named(tmp_path, cli, silent_server):
 )
 def test_host_python_replying_junk(tmp_path, cli, reply, expect):
     fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/sh\ncat >/dev/null\nprintf '%s\\n' '{reply}'\n")
+    # reads the first line of what it is sent (the client keeps stdin open until the reply), replies junk
+    fake.write_text(f"#!/bin/sh\nhead -n 1 >/dev/null\nprintf '%s\\n' '{reply}'\n")
     fake.chmod(0o755)
     (tmp_path / "co").mkdir()
     doc = {**GOOD, "connection": "local", "python": str(fake), "checkout": str(tmp_path / "co")}

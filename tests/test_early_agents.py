@@ -98,12 +98,16 @@ def test_local_hosts_and_hosts_not_opened_early_connect_as_usual(hosts):
             assert agent.call("status", {}, StatusReply).facts.head == hosts.base_commit
 
 
-def test_push_starts_the_agent_only_for_a_verified_set(hosts, cli, patch_sets, tmp_path):
+def test_push_starts_the_agent_only_for_a_verified_set(hosts, cli, patch_sets, tmp_path, monkeypatch):
     """The CLI connects first, starts the agent once the set is verified, and uses it for the
     push; a tampered set never gets an agent started on any host. One agent per command."""
     import shutil
 
     import yaml
+
+    # A client that never shipped to h1: an earlier test's note that it did would (rightly) cost a
+    # second call when the reset host answers NeedShip.
+    monkeypatch.setenv("DDEPLOY_CACHE_DIR", str(tmp_path / "cache"))
 
     inventory = tmp_path / "inventory"
     inventory.mkdir()
