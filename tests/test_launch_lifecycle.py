@@ -61,20 +61,26 @@ def test_a_replica_that_exits_at_start_stops_the_other(ddeploy, hosts, stand_in,
     assert record["state"] == "failed"
 
 
-def test_a_two_node_start_refused_on_the_second_host_stops_the_first(ddeploy, hosts, stand_in):
+@pytest.mark.parametrize("wait", [False, True])
+def test_a_two_node_start_refused_on_the_second_host_stops_the_first(ddeploy, hosts, stand_in, wait):
+    """Without --wait the first host's launch is stopped by the command; with it, the first host
+    is still waiting (its server is slow to serve) when the second is refused: its operation is
+    cut and its agent stops what it started."""
     old_port, port = _free_port(), _free_port()
     old = ddeploy(*_launch_args("h3", stand_in, "", old_port))
     assert old.code == 0, old.stderr
     old_pid = _record(_launch_dir(hosts, "h3"))["units"][0]["pid"]
-    args = _launch_args("h1", stand_in, "", port)
+    args = _with(_launch_args("h1", stand_in, "server-ddtree", port), **{"env.STANDIN_DELAY": "30"})
     args[args.index("--host") + 1 : args.index("--host") + 2] = ["h1", "--host", "h3"]
     args[args.index("tp8")] = "tp16-2node"
-    args = [a for a in args if a != "--wait"]
+    args = [a for a in args if a != "--wait"] + (["--wait"] if wait else [])
     args[args.index("tp_size=8")] = "tp_size=16"
     r = ddeploy(*args)
     assert r.code != 0 and "[h3]" in r.stderr and "still running" in r.stderr, r.stderr
+    assert wait_until(lambda: _lock_free(_launch_dir(hosts, "h1")), 20)
     first = _record(_launch_dir(hosts, "h1"))
     assert first["state"] == "stopped" and not any(alive(u["pid"]) for u in first["units"]), first
+    assert ("client went away" in (first.get("failure") or "")) == wait, first  # --wait: h1's own agent stopped it
     assert alive(old_pid), "the old launch on h3 is not this command's to stop"
     assert ddeploy("stop", "--host", "h3").code == 0
 

@@ -10,6 +10,7 @@ then sends TERM to the group, waits, and KILLs what is left. One connection per 
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
 from typing import Any, Callable
 
@@ -145,32 +146,66 @@ def start_everywhere(
     say: HostSay,
     wait: float | None,
 ) -> dict[str, LaunchReply | list[RenderedUnit]]:
-    """Start every host's units, then (`wait`) wait for each: a multi-node server forms only
-    with every node up (one host: one agent operation starts and waits). A failure anywhere (a
-    refused start, a unit that exits, Ctrl-C) stops what this command started on every host
-    before it is raised; a host's own failed start stops itself."""
+    """Start every host's units (one agent operation per host; with `wait` it also waits until
+    they serve). A failure anywhere (a refused start, a unit that exits, Ctrl-C) stops what this
+    command started on every host before it is raised; a host's own failed start stops itself."""
+    if wait is not None and len(units) > 1:
+        return start_and_wait_together(agents, units, sets, say, wait)
     replies: dict[str, LaunchReply | list[RenderedUnit]] = {}
-    at_once = wait if len(units) == 1 else None  # one host: start and wait in one operation, one lock hold
     try:
         for name, host_units in units.items():
             say_host = lambda m, n=name: say(m, n)  # noqa: E731
-            replies[name] = launch_units(agents[name], host_units, say_host, sets=sets, wait=at_once)
-        for name in replies if wait is not None and at_once is None else ():
-            say_host = lambda m, n=name: say(m, n)  # noqa: E731
-            waited = wait_serving(agents[name], wait, say_host, launch_dir(units[name]), started_here=True)
-            replies[name] = LaunchReply(ok=True, record=waited.record, serving=waited.serving)
+            replies[name] = launch_units(agents[name], host_units, say_host, sets=sets, wait=wait)
     except BaseException:
         for name in replies:
-            stop_started(agents[name], launch_dir(units[name]), lambda m, n=name: say(m, n))
+            stop_served(agents[name], launch_dir(units[name]), lambda m, n=name: say(m, n))
         raise
     return replies
 
 
-def stop_started(agent: AgentSession, base: str, say: Callable[[str], None]) -> None:
-    """Stop the launch this command started on the host, after a failure elsewhere; a problem
-    here is said, never raised over the failure being reported."""
+def start_and_wait_together(
+    agents: dict[str, AgentSession],
+    units: dict[str, list[RenderedUnit]],
+    sets: tuple[str, ...],
+    say: HostSay,
+    wait: float,
+) -> dict[str, LaunchReply | list[RenderedUnit]]:
+    """Multi-node `--wait`: each host starts its units and waits for them in one agent operation
+    (one hold of its launch lock), every host at once: the server forms only with every node up.
+    When one fails (or Ctrl-C), the operations still running are cut (their connections closed:
+    each agent sees its client go and stops what it started) and the hosts that had finished are
+    stopped by this command, before the failure is raised."""
+    pool = ThreadPoolExecutor(len(units), thread_name_prefix="launch")
+    futures = {
+        name: pool.submit(launch_units, agents[name], host_units, lambda m, n=name: say(m, n), sets=sets, wait=wait)
+        for name, host_units in units.items()
+    }
     try:
-        stop_quietly(agent, base, say)
+        for future in as_completed(futures.values()):
+            future.result()
+    except BaseException:
+        cut = [name for name, future in futures.items() if not future.done()]
+        for name in cut:
+            agents[name].conn.close()
+        pool.shutdown(wait=True)
+        for name, future in futures.items():
+            if future.exception() is None:  # it served: stop it (over a new connection if it was cut)
+                stop_served(agents[name], launch_dir(units[name]), lambda m, n=name: say(m, n), fresh=name in cut)
+        raise
+    pool.shutdown(wait=True)
+    return {name: future.result() for name, future in futures.items()}
+
+
+def stop_served(agent: AgentSession, base: str, say: Callable[[str], None], *, fresh: bool = False) -> None:
+    """Stop the launch this command started on the host, after a failure elsewhere (`fresh`: over
+    a new connection, the command's own was cut); a problem here is said, never raised over the
+    failure being reported."""
+    try:
+        if not fresh:
+            stop_quietly(agent, base, say)
+            return
+        with agent_session(agent.host, command=agent.command) as again:
+            stop_quietly(again, base, say)
     except DeployError as exc:
         say(f"could not stop the launch started here: {exc} (`ddeploy stop --host {agent.host.name}` stops it)")
 
