@@ -2,11 +2,12 @@
 
 Prints one JSON object on stdout ({"ok": true, ...} or {"ok": false, "error": {"kind",
 "message"}}) and progress lines on stderr. OPs: status, state, plan, push, rollback, log,
-lock-status, lock-release (deploys), sources, build (kernel builds), test (overlay tests), launch,
-logs, stop (launched servers). The client runs it as `python -S -c BOOTSTRAP OP` with this
-package as one bundle of module sources, then the JSON request, on stdin
-(deployer/transport/agent_client.py); `python -m deployer.agent OP` with the request on stdin
-runs it too. The reply shapes are the pydantic models of deployer/transport/protocol.py.
+lock-status, lock-release, push-build (deploys), sources, build (kernel builds), test (overlay
+tests), launch, logs, stop, wait, bench, bench-save (launched servers). The client runs it as
+`python -S -c BOOTSTRAP OP` with this package as one bundle of module sources, then the JSON
+request (one line), on stdin, which the client keeps open until the reply: end of file there
+means the client has gone (client.py) (deployer/transport/agent_client.py); `python -m
+deployer.agent OP` with the request on stdin runs it too. The reply shapes are the pydantic models of deployer/transport/protocol.py.
 
 Why one program on the host: a push is a single round trip and a single transaction. Patch
 commits are built in a private index (the work tree is untouched until they all exist), the switch
@@ -32,7 +33,10 @@ This program alone reads and writes the host's records (the client only sees its
                             messages; one left by a killed holder is replaced by the next command
     .git/ddeploy/journal.json  a transaction switched halfway; the next run rolls it forward
     .git/ddeploy/sets/      shipped patch sets; test-reports/, pycache/ (kept out of the work tree)
-    <launch_dir>/launch.json   the last launch (topology, units with pid, start time, log, state)
+    <launch_dir>/launch.json   the last launch (id, topology, units with pid, start time, log,
+                            state), replaced by compare-and-swap on its id
+    <launch_dir>/launch.lock   the launch lock: flock held by launch, stop, wait and bench for
+                            their whole work (launch.lock.json: its holder, for messages)
 state.json (schema 1; absent keys mean "never happened"): applied {name, version, fingerprint,
 patches [{name, sha256, commit}], files, head, tree, three_way, dev, by, at} (dev: a dev snapshot
 of the overlay, not a release), pre_deploy {commit, tree, branch}, last {action, version, dev,
@@ -45,7 +49,9 @@ One module per concern: common (errors, progress), repo (git), state (the state 
 (and mounts, the filesystem its errors name), transaction (journal and switch), patch_files (the
 set's patches on the host), base_gate, facts, plan and plan_diff, push (and pruning of dev
 snapshots), rollback, status, history (log), lock_commands, toolkit, build_plan, jit_cache and
-build (kernels), overlay_tests (pytest), launch and serving (servers), main (the entry point).
+build (kernels), overlay_tests (pytest), launch_record (the launch record and lock), units (unit
+files and processes), launch, serving (is it serving) and bench (servers), client (is the client
+still there), main (the entry point).
 The modules import each other relatively, so the package runs under any name (`ddeploy_agent`
 on the host).
 """
