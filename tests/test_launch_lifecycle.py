@@ -141,3 +141,19 @@ def test_a_launch_record_is_replaced_only_by_compare_and_swap(tmp_path):
     with pytest.raises(Fail, match="changed under this operation"):
         write_launch(str(tmp_path), {"id": "old", "topology": "tp8", "state": "running"}, replaces="old")
     assert read_launch(str(tmp_path)) == {"id": "new", "topology": "tp8"}
+
+
+def test_a_failed_restore_keeps_the_first_cause_and_says_what_the_host_serves(ddeploy, hosts, stand_in):
+    """The linear baseline exits at start, and so does the launch when it is started again: the
+    error names both, and says that nothing serves now; nothing is left running."""
+    port = _free_port()
+    fail = "server-linear server-ddtree-again"
+    assert ddeploy(*_with(_launch_args("h1", stand_in, "", port), **{"env.STANDIN_FAIL": fail})).code == 0
+    r = ddeploy("bench", "--host", "h1", "-n", "1", "-c", "1", "--input-len", "4", "--output-len", "4",
+                "--compare", "linear", "--yes")  # fmt: skip
+    err = r.stderr.strip().splitlines()[-1]
+    assert r.code != 0 and err.startswith("ddeploy: error: [h1] restoring tp8 failed: h1-tp8 exited right after start")
+    assert "; what failed first: h1-tp8 exited right after start" in err and "(linear): told to exit" in err
+    assert "the host now serves nothing (`ddeploy launch --host h1 --topology tp8 --wait`" in err, err
+    assert not any(alive(pid) for pid in _stand_in_pids(stand_in))
+    assert _record(_launch_dir(hosts, "h1"))["state"] == "failed"

@@ -7,7 +7,8 @@ tests), launch, logs, stop, wait, bench, bench-save (launched servers). The clie
 `python -S -c BOOTSTRAP OP` with this package as one bundle of module sources, then the JSON
 request (one line), on stdin, which the client keeps open until the reply: end of file there
 means the client has gone (client.py) (deployer/transport/agent_client.py); `python -m
-deployer.agent OP` with the request on stdin runs it too. The reply shapes are the pydantic models of deployer/transport/protocol.py.
+deployer.agent OP` with the request on stdin runs it too. The reply shapes are the pydantic
+models of deployer/transport/protocol.py.
 
 Why one program on the host: a push is a single round trip and a single transaction. Patch
 commits are built in a private index (the work tree is untouched until they all exist), the switch

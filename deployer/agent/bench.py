@@ -257,19 +257,19 @@ def restore(base: str, req: dict, original: dict, cause) -> dict:
         wait_serving(base, again, float(req.get("wait_timeout", 900)), started_here=False, interruptible=False)
         return again
     except Fail as exc:
-        first = " after: %s" % cause if cause else ""
+        first = "; what failed first: %s" % cause if cause else ""
+        now_serving = describe_serving(base, req["target"]["name"], original["topology"])
         raise Fail(
             "RemoteCommandError",
-            "restoring %s failed: %s%s; the host now serves %s"
-            % (original["topology"], exc, first, describe_serving(base)),
+            "restoring %s failed: %s%s; the host now serves %s" % (original["topology"], exc, first, now_serving),
         ) from None
 
 
-def describe_serving(base: str) -> str:
+def describe_serving(base: str, host: str, topology: str) -> str:
     record = read_launch(base)
     running = alive_units(record)
     if not running:
-        return "nothing (`ddeploy launch --host HOST --topology TOPOLOGY --wait` starts it)"
+        return "nothing (`ddeploy launch --host %s --topology %s --wait` starts it)" % (host, topology)
     return "%s, recorded, pid %s (`ddeploy status` / `ddeploy stop` find it)" % (
         record["topology"] + ("-" + record["variant"] if record.get("variant") else ""),
         ", ".join(str(u["pid"]) for u in running),

@@ -45,6 +45,9 @@ def main() -> None:
     slow = os.environ.get("STANDIN_SLOW", "")
     if str(args.port) == os.environ.get("STANDIN_EXIT_PORT"):
         raise SystemExit("stand-in server: told to exit at start on port %d" % args.port)
+    failing = os.environ.get("STANDIN_FAIL", "").split()
+    if "server-" + name in failing or (earlier and "server-%s-again" % name in failing):
+        raise SystemExit("stand-in server (%s): told to exit at start" % name)
     long = float(os.environ.get("STANDIN_DELAY", "6"))
     delay = long if slow == "server-" + name or (slow == "server-%s-again" % name and earlier) else 0.0
     ready_at = time.time() + delay
