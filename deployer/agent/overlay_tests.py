@@ -73,7 +73,9 @@ def check_applied_for_tests(state: dict, req: dict) -> dict:
 
 def op_test(repo: Repo, req: dict) -> dict:
     """pytest on the applied set's overlay tests, JUnit report inside .git; the report comes back in
-    the reply and its totals are recorded in the state (section tests)."""
+    the reply and its totals are recorded in the state (section tests). With `push` in the request
+    (a dev snapshot: its set and push options), this agent pushes it first: one call, one process."""
+    pushed = push_first(repo, req) if req.get("push") else None
     _c, state = read_state(repo)
     applied = check_applied_for_tests(state, req)
     opts = req.get("options", {})
@@ -115,4 +117,11 @@ def op_test(repo: Repo, req: dict) -> dict:
     record.update(totals or {})
     record["summary"] = describe_totals(totals) if totals else "pytest exit %d" % rc
     update_section(repo, "tests", lambda _old: record, "test %s: %s" % (applied.get("version"), record["summary"]))
-    return {"ok": True, "record": record, "junit": xml_text, "host_report": junit}
+    return {"ok": True, "record": record, "junit": xml_text, "host_report": junit, "push": pushed}
+
+
+def push_first(repo: Repo, req: dict) -> dict:
+    """The push of the set in req["push"] (its reply); its errors (NeedShip, a conflict) end the call."""
+    from .deploy import op_push
+
+    return op_push(repo, dict(req, **req["push"]))
