@@ -298,3 +298,41 @@ def test_facts_read_head_and_the_state_record_as_rev_parse_and_cat_file_would(tm
     _git(co, "symbolic-ref", "HEAD", "refs/heads/unborn")
     with pytest.raises(Fail, match="has no commit checked out"):
         facts(repo)
+
+
+def test_a_session_on_the_local_host_sends_the_agent_once_and_again_when_the_host_lost_it(tmp_path, monkeypatch):
+    """AgentSession on the built-in local host: the first call sends the bundle, the client notes
+    that the host keeps it, the next call names its hash only; a lost copy costs one NeedAgent."""
+    from deployer.errors import StateError
+    from deployer.inventory import local_host
+    from deployer.transport.agent_client import agent_session, kept_marker
+    from deployer.transport.connection import Connection
+    from deployer.transport.protocol import StatusReply
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "host"))  # where the agent keeps itself here
+    monkeypatch.setenv("DDEPLOY_CACHE_DIR", str(tmp_path / "client"))
+    host = local_host().model_copy(update={"checkout": str(tmp_path / "nope")})
+    firsts: list[int] = []  # what each agent start sent before the request
+    real = Connection.start
+
+    def start(conn, argv, **kw):
+        firsts.append(len(kw["first_input"]))
+        return real(conn, argv, **kw)
+
+    monkeypatch.setattr(Connection, "start", start)
+
+    def status() -> list[int]:
+        before = len(firsts)
+        with agent_session(host) as agent, pytest.raises(StateError, match="does not exist on this host"):
+            agent.call("status", {}, StatusReply)
+        return firsts[before:]
+
+    assert not kept_marker(host).exists()
+    [first] = status()
+    assert first > 50_000 and kept_marker(host).exists()
+    assert status() == [2]  # b"0\n": the bundle stays on the host
+    [kept] = (tmp_path / "host" / "ddeploy" / "agent").iterdir()
+    kept.unlink()
+    lost = status()
+    assert lost[0] == 2 and lost[1] > 50_000 and len(lost) == 2 and kept.exists()
+    assert status() == [2]
