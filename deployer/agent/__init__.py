@@ -3,10 +3,11 @@
 Prints one JSON object on stdout ({"ok": true, ...} or {"ok": false, "error": {"kind",
 "message"}}) and progress lines on stderr. OPs: status, state, plan, push, rollback, log,
 lock-status, lock-release (deploys), sources, build (kernel builds), test (overlay tests), launch,
-logs, stop (launched servers). The client runs it as `python -S -c BOOTSTRAP OP` with this
-package as one bundle of module sources, then the JSON request, on stdin
-(deployer/transport/agent_client.py); `python -m deployer.agent OP` with the request on stdin
-runs it too. The reply shapes are the pydantic models of deployer/transport/protocol.py.
+logs, stop (launched servers). The client runs it as `python -S -c BOOTSTRAP OP DIGEST`: the host
+keeps this package compiled under DIGEST, the sha256 of its bundle of module sources, which the
+client sends on stdin only when the host does not have it yet; the JSON request follows on stdin
+(deployer/transport/agent_client.py, boot.py); `python -m deployer.agent OP` with the request on
+stdin runs it too. The reply shapes are the pydantic models of deployer/transport/protocol.py.
 
 Why one program on the host: a push is a single round trip and a single transaction. Patch
 commits are built in a private index (the work tree is untouched until they all exist), the switch
@@ -41,6 +42,7 @@ deployer/transport/protocol.py.
 
 One module per concern: common (errors, progress), repo (git), state (the state record), lock,
 transaction (journal and switch), deploy (push, rollback, plan, status, log, lock commands),
-build (kernels), overlay_tests (pytest), launch (servers), main (the entry point). The modules
+build (kernels), overlay_tests (pytest), launch (servers), main (the entry point: each operation's
+module imported when it runs), boot (imports the bundle's compiled modules on the host). The modules
 import each other relatively, so the package runs under any name (`ddeploy_agent` on the host).
 """

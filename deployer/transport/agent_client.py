@@ -1,17 +1,17 @@
 """Talk to the host-side agent (deployer/agent/): one JSON request in, one JSON reply out.
 
 The agent is stdlib-only and runs with the host's inventory `python` as `python -S -c BOOTSTRAP
-OP` (-S: no site-packages, whose .pth hooks can cost more than the agent's work). BOOTSTRAP is one
-fixed line that reads the program from stdin: first its length, then the boot program with the
-agent's modules as a bundle ({module: source} literal, imported from memory); the request (JSON)
-follows it on stdin. So nothing has to be
-installed on a host, client and agent can never be out of step, neither the source nor the request
-shows in `ps` on the host, and the agent can start before the request exists: an EarlyAgents
-opens the connections and starts the agents while the client still prepares the request (the SSH
-handshake, the host's login shell and Python's start-up then overlap with the client's own work).
-The boot program keeps the agent's bytecode in ~/.cache/ddeploy/agent/ on the host (one file per
-bundle and Python, like __pycache__), so a call does not compile its 1,900 lines again.
-Every reply is validated into its model from deployer/transport/protocol.py.
+OP DIGEST` (-S: no site-packages, whose .pth hooks can cost more than the agent's work). DIGEST is
+the sha256 of the agent's bundle ({module: source} as JSON, a readable package here). The host
+keeps the bundle compiled under DIGEST (~/.cache/ddeploy/agent/), so its ~100 KB cross once per
+host and agent version: the first call sends it on stdin and the host says that it kept it; later
+calls send only the request (a host without an intact copy answers NeedAgent, and gets it). So
+nothing has to be installed on a host by hand, client and agent can never be out of step, neither
+the source nor the request shows in `ps` on the host, and the agent can start before the request
+exists: an EarlyAgents opens the connections and starts the agents while the client still
+prepares the request (the SSH handshake, the host's login shell and Python's start-up then overlap
+with the client's own work). Every reply is validated into its model from
+deployer/transport/protocol.py.
 
     with agent_session(host, accept_new_host_keys=False) as agent:   # one SSH connection
         status = agent.call("status", {}, StatusReply, stream=say)
