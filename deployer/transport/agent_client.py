@@ -170,6 +170,12 @@ def kept_marker(host: Host) -> Path:
     return cache_dir() / "agents" / key / agent_digest()
 
 
+def _needs_agent(reply: dict[str, Any]) -> bool:
+    """The host keeps no intact copy of the agent that was named, and ran nothing."""
+    err = reply.get("error")
+    return isinstance(err, dict) and err.get("kind") == "NeedAgent"
+
+
 def _note(marker: Path) -> None:
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
@@ -234,7 +240,7 @@ class AgentSession:
         req = {"op": op, "checkout": self.host.checkout, "by": who(), "command": self.command, **request}
         started, sent = self._started.pop(op, None) or self._start(op)
         reply, kept = self._finish(op, started, req, stream, timeout)
-        if not sent and (reply.get("error") or {}).get("kind") == "NeedAgent":
+        if not sent and _needs_agent(reply):
             _forget(kept_marker(self.host))  # the host lost it (or never kept it): send it this once
             started, sent = self._start(op, send=True)
             reply, kept = self._finish(op, started, req, stream, timeout)
