@@ -10,7 +10,9 @@ one-line edit to --file in that copy (a comment with the round's number), then, 
   * by hand: `scp` of the edited file into a second checkout on the same host (a copy of the
     first, made after ddeploy's first push, so it holds the same tree), then `ssh host pytest`
     with the same python, the same tests and the same -k.
-Prints the median of each and ddeploy's overhead in seconds. Asserts nothing about timing.
+Prints the median of each, the pass counts pytest reported in each loop (and a warning when they
+differ: then the loops did not run the same tests) and ddeploy's overhead in seconds. Asserts
+nothing about timing.
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ def main() -> None:
     print(f"  by hand (scp + ssh pytest): {hand:.2f} s ({', '.join(sorted(seen['by hand']))})")
     print(f"  ddeploy test --remote --overlay: {tool:.2f} s ({', '.join(sorted(seen['ddeploy']))})")
     print(f"  ddeploy's overhead: {tool - hand:+.2f} s")
+    if seen["ddeploy"] != seen["by hand"]:  # the comparison only holds for the same tests
+        print(f"  NOT THE SAME TESTS: ddeploy {sorted(seen['ddeploy'])}, by hand {sorted(seen['by hand'])}")
     print(f"load average (1 min) {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 

@@ -156,3 +156,29 @@ def test_watch_runs_again_after_each_save_until_ctrl_c(cli, python_hosts, k1, pa
 def test_watch_needs_remote_and_overlay(cli, tmp_path):
     r = cli("test", "--remote", "--host", "k1", "--watch")
     assert r.code == 2 and "--watch repeats `test --remote --overlay` on every change" in r.stderr
+
+
+def logged_inventory(python_hosts, tmp_path):
+    """k1 with a `python` that logs each agent's op (argv `-S -c BOOTSTRAP OP DIGEST`), then runs the real one."""
+    inventory, log = tmp_path / "inventory", tmp_path / "agents.log"
+    inventory.mkdir()
+    doc = yaml.safe_load((python_hosts.inventory_dir / "k1.yaml").read_text())
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\n[ "$1" = -S ] && echo "$4" >> {log}\nexec {doc["python"]} "$@"\n')
+    wrapper.chmod(0o755)
+    (inventory / "k1.yaml").write_text(yaml.safe_dump({**doc, "python": str(wrapper)}))
+    return inventory, log
+
+
+def test_a_dev_round_is_one_agent_call_that_pushes_then_tests(cli, python_hosts, k1, tmp_path):
+    """Each `test --remote --overlay` starts one agent on the host: it pushes the snapshot and runs
+    its tests in the same call (no second process, login shell or round trip for the tests)."""
+    overlay = mark_overlay(tmp_path, "one")
+    inventory, log = logged_inventory(python_hosts, tmp_path)
+    for n in (1, 2):
+        mark = f"round {n} of {tmp_path.name}"  # a snapshot never shipped before (no NeedShip call)
+        (overlay / PROBE).write_text(f'MARK = "{mark}"\n')
+        r = cli("test", "--remote", "--host", "k1", "--overlay", str(overlay), "-k", "probe", inventory=inventory)
+        assert r.code == 0 and "1 passed" in r.stderr, r.stderr
+        assert (k1.checkout / ".git/ddeploy/probe-mark").read_text() == mark
+        assert log.read_text().split() == ["test"] * n

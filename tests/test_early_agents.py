@@ -1,16 +1,19 @@
 """EarlyAgents on real sshd hosts: connections opened while the client prepares its request, the
 agent started only on `start`, the early agent used by the first call, failures reported where
-the session is taken, and nothing left running when the client gives up."""
+the session is taken, and nothing left running when the client gives up; the agent's bundle sent
+once per host and version, later calls naming its hash."""
 
 from __future__ import annotations
 
+import hashlib
 import stat
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from deployer.errors import ConnectError
+from deployer.errors import ConnectError, StateError
 from deployer.inventory import Inventory
 from deployer.transport.agent_client import EarlyAgents, agent_session
 from deployer.transport.protocol import StatusReply
@@ -134,3 +137,58 @@ def test_push_starts_the_agent_only_for_a_verified_set(hosts, cli, patch_sets, t
     r = cli("rollback", "--host", "h1", inventory=inventory)
     assert r.code == 0 and starts(log) == ["push", "plan", "status", "rollback"], r.stderr
     assert hosts.hosts[0].git("rev-parse", "HEAD") == hosts.base_commit
+
+
+def metered(monkeypatch) -> dict:
+    """Bytes the client writes on each SSH channel (the remote command's stdin), in order."""
+    import paramiko
+
+    sent: dict[paramiko.Channel, int] = {}  # by the channel itself: ids start again on each connection
+    real = paramiko.Channel.sendall
+
+    def sendall(chan, data):
+        sent[chan] = sent.get(chan, 0) + len(data)
+        return real(chan, data)
+
+    monkeypatch.setattr(paramiko.Channel, "sendall", sendall)
+    return sent
+
+
+def test_the_agent_crosses_once_per_version_and_later_calls_name_its_hash(hosts, tmp_path, monkeypatch):
+    """The first call to a host sends the bundle and the host keeps it under its hash; later calls
+    (new connections) send only the request. A host whose copy is damaged answers NeedAgent and gets
+    the bundle again on the same connection; a changed agent is a new hash, sent once again."""
+    from deployer.transport import agent_client
+
+    monkeypatch.setenv("DDEPLOY_CACHE_DIR", str(tmp_path / "client-cache"))
+    sent = metered(monkeypatch)
+    h1, log = logging_python(tmp_path, Inventory.load(hosts.inventory_dir).get("h1"))
+    wrapper = h1.python  # the host keeps its agents in a cache of this test's own
+    Path(wrapper).write_text(Path(wrapper).read_text().replace("exec ", f"XDG_CACHE_HOME={tmp_path}/host exec ", 1))
+    kept_dir = tmp_path / "host" / "ddeploy" / "agent"
+
+    def status() -> list[int]:
+        before = len(sent)
+        with agent_session(h1) as agent:
+            assert agent.call("status", {}, StatusReply).facts.head == hosts.base_commit
+        return list(sent.values())[before:]
+
+    [first] = status()
+    [entry] = kept_dir.iterdir()
+    assert first > 50_000 and entry.name.startswith(agent_client.agent_digest() + "-")
+    assert status() == status() and max(status()) < 2_000  # the request and the bundle's hash only
+    entry.write_bytes(entry.read_bytes()[:-100])  # a cut-off copy: never run
+    damaged = status()
+    assert len(damaged) == 2 and damaged[0] < 2_000 < 50_000 < damaged[1], damaged  # NeedAgent, then sent
+    assert max(status()) < 2_000 and [e.name for e in kept_dir.iterdir()] == [entry.name]
+
+    changed = agent_client.agent_bundle().replace(b"does not exist on this host", b"is not on this host")
+    digest = hashlib.sha256(changed).hexdigest()
+    monkeypatch.setattr(agent_client, "agent_bundle", lambda: changed)
+    monkeypatch.setattr(agent_client, "agent_digest", lambda: digest)
+    monkeypatch.setattr(agent_client, "_bundle_head", lambda: b"%d\n" % len(changed) + changed)
+    with agent_session(h1.model_copy(update={"checkout": "/nonexistent"})) as agent:
+        with pytest.raises(StateError, match="is not on this host"):  # the changed agent ran
+            agent.call("status", {}, StatusReply)
+    assert list(sent.values())[-1] > 50_000 and len(list(kept_dir.iterdir())) == 2
+    assert max(status()) < 2_000 and len(starts(log)) == 9

@@ -17,9 +17,18 @@ from deployer.agent.common import Fail
 from deployer.agent.facts import facts
 from deployer.agent.repo import Repo
 from deployer.agent.state import read_state, update_section
-from deployer.transport.agent_client import AGENT_PACKAGE, BOOT, BOOTSTRAP, agent_argv, agent_sources, agent_stdin
+from deployer.transport.agent_client import (
+    AGENT_PACKAGE,
+    BOOTSTRAP,
+    agent_argv,
+    agent_bundle,
+    agent_digest,
+    agent_sources,
+    agent_stdin,
+    bundle_digest,
+)
 
-PARTS = {**{name: src.decode() for name, src in agent_sources().items()}, "boot program": BOOT.decode()}
+PARTS = {name: src.decode() for name, src in agent_sources().items()}
 
 
 @pytest.mark.parametrize("part", [*PARTS, "bootstrap"])
@@ -28,7 +37,7 @@ def test_agent_is_python38_syntax_and_stdlib_only(part):
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     froms = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     imported |= {n.module.split(".")[0] for n in froms if n.module and n.level == 0}
-    imported -= {"__future__", "ddeploy_agent"}  # the boot program imports the bundle's entry point
+    imported -= {"__future__"}
     assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
     relative = {f"ddeploy_agent.{n.module}" for n in froms if n.level == 1}
     assert relative <= set(PARTS), relative - set(PARTS)  # within the bundle
@@ -107,13 +116,13 @@ def test_plan_is_data_computed_before_anything_is_written(tmp_path, patch_sets):
 
 
 def test_agent_source_and_request_travel_on_stdin_not_in_argv(tmp_path):
-    """argv is only `python -S -c BOOTSTRAP OP` (what `ps` on the host shows): one fixed line;
-    the source and the request come on stdin."""
+    """argv is only `python -S -c BOOTSTRAP OP DIGEST` (what `ps` on the host shows): one fixed
+    program and the bundle's sha256; the source and the request come on stdin."""
     secret = str(tmp_path / "nope-a-path-only-in-the-request")
     argv = agent_argv(sys.executable, "status")
-    assert argv == [sys.executable, "-S", "-c", BOOTSTRAP, "status"] and len(BOOTSTRAP) < 100
+    assert argv == [sys.executable, "-S", "-c", BOOTSTRAP, "status", agent_digest()] and len(BOOTSTRAP) < 2000
     proc = subprocess.run(argv, input=agent_stdin({"checkout": secret}), capture_output=True)
-    result = json.loads(proc.stdout)
+    result = json.loads(proc.stdout.splitlines()[-1])
     assert result["error"]["kind"] == "StateError" and secret in result["error"]["message"]
 
 
@@ -130,30 +139,86 @@ def test_agent_started_before_its_request_waits_for_it(tmp_path):
     assert proc.poll() is None
     proc.stdin.write(json.dumps({"checkout": str(checkout)}).encode())
     out, _ = proc.communicate(timeout=30)
-    assert json.loads(out)["error"]["message"].startswith(f"{checkout} is not a git checkout")
+    assert json.loads(out.splitlines()[-1])["error"]["message"].startswith(f"{checkout} is not a git checkout")
     proc = subprocess.run(argv, input=agent_stdin(), capture_output=True, timeout=30)
-    reply = json.loads(proc.stdout)
+    reply = json.loads(proc.stdout.splitlines()[-1])
     assert proc.returncode == 0 and reply["ok"] is False and "JSONDecodeError" in reply["error"]["message"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["co"] and not list(checkout.iterdir())
 
 
-def test_agent_bytecode_is_cached_per_source_and_a_damaged_cache_is_rebuilt(tmp_path):
-    """`python -S -c BOOTSTRAP` as on a host: the first call stores the bytecode, later calls load it; a
-    truncated file is compiled again and replaced."""
+def host_call(env: dict, request: dict, *, send: bool, op: str = "status") -> tuple[dict, bytes]:
+    """One agent run as on a host (`python -S -c BOOTSTRAP OP DIGEST`): its reply and its stdout."""
+    stdin = agent_stdin(request, send=send)
+    proc = subprocess.run(agent_argv(sys.executable, op), input=stdin, capture_output=True, env=env)
+    return json.loads(proc.stdout.splitlines()[-1]), proc.stdout
+
+
+def test_the_host_keeps_the_agent_by_its_hash_and_later_calls_only_name_it(tmp_path):
+    """The first call sends the bundle (~100 KB) and the host keeps it compiled under the bundle's
+    sha256; a later call sends only `0` and the request, and runs the same agent."""
     env = {"PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    request = {"checkout": str(tmp_path / "nope")}
+    assert len(agent_stdin(request, send=True)) > 50_000 > 1_000 > len(agent_stdin(request, send=False))
+    reply, out = host_call(env, request, send=True)
+    assert reply["error"]["kind"] == "StateError" and b"ddeploy-agent kept " + agent_digest().encode() in out
+    [kept] = (tmp_path / "cache" / "ddeploy" / "agent").iterdir()
+    assert kept.name.startswith(agent_digest() + "-") and kept.suffix == ".marshal"
+    assert oct(kept.parent.stat().st_mode & 0o777) == "0o700"
+    reply, out = host_call(env, request, send=False)
+    assert reply["error"]["kind"] == "StateError" and str(tmp_path / "nope") in reply["error"]["message"]
+    assert b"kept" not in out  # nothing new kept
 
-    def status() -> dict:
-        stdin = agent_stdin({"checkout": str(tmp_path / "nope")})
-        proc = subprocess.run(agent_argv(sys.executable, "status"), input=stdin, capture_output=True, env=env)
-        return json.loads(proc.stdout)
 
-    assert status()["error"]["kind"] == "StateError"
-    [cached] = (tmp_path / "cache" / "ddeploy" / "agent").iterdir()
-    assert cached.suffix == ".marshal" and cached.stat().st_size > 10_000
-    assert oct((tmp_path / "cache" / "ddeploy" / "agent").stat().st_mode & 0o777) == "0o700"
-    cached.write_bytes(cached.read_bytes()[:100])  # a cut-off write
-    assert status()["error"]["kind"] == "StateError"
-    assert cached.stat().st_size > 10_000 and not list(cached.parent.glob("*.tmp"))
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "missing", "unwritable"])
+def test_a_host_without_an_intact_copy_asks_for_the_agent_and_never_runs_a_damaged_one(tmp_path, damage):
+    """A call that only names the hash finds a cut-off, altered or missing copy: the agent answers
+    NeedAgent (nothing run); the client then sends the bundle, which is compiled and kept again. An
+    unwritable cache only costs sending it every time."""
+    cache = tmp_path / "cache"
+    env = {"PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": str(cache)}
+    request = {"checkout": str(tmp_path / "nope")}
+    host_call(env, request, send=True)
+    [kept] = (cache / "ddeploy" / "agent").iterdir()
+    data = kept.read_bytes()
+    if damage == "truncated":
+        kept.write_bytes(data[:100])
+    elif damage == "flipped":  # one byte of the code, the file's size and name unchanged
+        kept.write_bytes(data[:-200] + bytes([data[-200] ^ 1]) + data[-199:])
+    elif damage == "missing":
+        kept.unlink()
+    else:  # a file where the cache's directory belongs: not writable, even by root
+        shutil.rmtree(cache / "ddeploy")
+        (cache / "ddeploy").write_text("")
+    reply, _ = host_call(env, request, send=False)
+    assert reply["ok"] is False and reply["error"]["kind"] == "NeedAgent", reply
+    reply, out = host_call(env, request, send=True)
+    assert reply["error"]["kind"] == "StateError"
+    assert (b"ddeploy-agent kept" in out) is (damage != "unwritable")
+    if damage != "unwritable":
+        assert kept.read_bytes() == data  # compiled and kept again
+        assert host_call(env, request, send=False)[0]["error"]["kind"] == "StateError"
+        assert not list(kept.parent.glob("*.tmp"))
+
+
+def test_a_bundle_that_does_not_match_its_hash_is_neither_run_nor_kept(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    bundle = agent_bundle().replace(b"def main(", b"def main(evil=1, *, ")
+    request = json.dumps({"checkout": str(tmp_path / "nope")}).encode() + b"\n"
+    stdin = b"%d\n" % len(bundle) + bundle + request
+    proc = subprocess.run(agent_argv(sys.executable, "status"), input=stdin, capture_output=True, env=env)
+    reply = json.loads(proc.stdout.splitlines()[-1])
+    assert reply["ok"] is False and "sha256" in reply["error"]["message"], reply
+    assert not (tmp_path / "cache" / "ddeploy" / "agent").exists() or not list(
+        (tmp_path / "cache" / "ddeploy" / "agent").iterdir()
+    )
+
+
+def test_a_changed_agent_source_has_another_hash():
+    sources = agent_sources()
+    changed = {**sources, "ddeploy_agent.common": sources["ddeploy_agent.common"] + b"# changed\n"}
+    renamed = {("ddeploy_agent.other" if k == "ddeploy_agent.common" else k): v for k, v in sources.items()}
+    digests = {bundle_digest(sources), bundle_digest(changed), bundle_digest(renamed)}
+    assert len(digests) == 3 and agent_digest() == bundle_digest(sources)
 
 
 def _git(repo, *args, input=None) -> str:
@@ -185,7 +250,7 @@ def test_a_noop_push_and_status_run_three_git_processes_each(tmp_path, patch_set
         log.write_text("")
         stdin = agent_stdin(req)
         proc = subprocess.run(agent_argv(sys.executable, op), input=stdin, capture_output=True, env=env)
-        return json.loads(proc.stdout), log.read_text().split()  # the git subcommand of each call
+        return json.loads(proc.stdout.splitlines()[-1]), log.read_text().split()  # the git subcommand of each call
 
     sets = str(checkout / ".git" / "ddeploy" / "sets" / ps.version)
     push = options_request(Options())
@@ -233,3 +298,41 @@ def test_facts_read_head_and_the_state_record_as_rev_parse_and_cat_file_would(tm
     _git(co, "symbolic-ref", "HEAD", "refs/heads/unborn")
     with pytest.raises(Fail, match="has no commit checked out"):
         facts(repo)
+
+
+def test_a_session_on_the_local_host_sends_the_agent_once_and_again_when_the_host_lost_it(tmp_path, monkeypatch):
+    """AgentSession on the built-in local host: the first call sends the bundle, the client notes
+    that the host keeps it, the next call names its hash only; a lost copy costs one NeedAgent."""
+    from deployer.errors import StateError
+    from deployer.inventory import local_host
+    from deployer.transport.agent_client import agent_session, kept_marker
+    from deployer.transport.connection import Connection
+    from deployer.transport.protocol import StatusReply
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "host"))  # where the agent keeps itself here
+    monkeypatch.setenv("DDEPLOY_CACHE_DIR", str(tmp_path / "client"))
+    host = local_host().model_copy(update={"checkout": str(tmp_path / "nope")})
+    firsts: list[int] = []  # what each agent start sent before the request
+    real = Connection.start
+
+    def start(conn, argv, **kw):
+        firsts.append(len(kw["first_input"]))
+        return real(conn, argv, **kw)
+
+    monkeypatch.setattr(Connection, "start", start)
+
+    def status() -> list[int]:
+        before = len(firsts)
+        with agent_session(host) as agent, pytest.raises(StateError, match="does not exist on this host"):
+            agent.call("status", {}, StatusReply)
+        return firsts[before:]
+
+    assert not kept_marker(host).exists()
+    [first] = status()
+    assert first > 50_000 and kept_marker(host).exists()
+    assert status() == [2]  # b"0\n": the bundle stays on the host
+    [kept] = (tmp_path / "host" / "ddeploy" / "agent").iterdir()
+    kept.unlink()
+    lost = status()
+    assert lost[0] == 2 and lost[1] > 50_000 and len(lost) == 2 and kept.exists()
+    assert status() == [2]

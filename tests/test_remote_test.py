@@ -127,3 +127,27 @@ def test_without_remote_the_suite_runs_locally_against_the_overlay(cli, tmp_path
     [report] = (tmp_path / "local").glob("*.xml")
     assert junit_totals(report)["tests"] == 2 and junit_totals(report)["failures"] == 0
     assert "overlays/ddtree/test/srt/ddtree" in r.stderr
+
+
+def test_a_push_during_a_remote_test_run_is_refused_and_names_it(cli, fleet, kernel_sets):
+    """The tests run under the checkout's lock (made long here by the agent's test pause before
+    pytest): a push to that host waits for nothing and is refused, naming the test run; the tree
+    the tests run in stays the one they were asked about."""
+    import time
+
+    from test_remote_safety import cli_process
+
+    k1 = fleet.hosts[0]
+    run = cli_process(fleet, "test", "--remote", "--host", "k1", "-k", SELECT, pause="before_tests:6")
+    try:
+        lock = k1.checkout / ".git" / "ddeploy" / "deploy.lock.json"
+        deadline = time.monotonic() + 30
+        while not lock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = cli("push", "--host", "k1", "--version", str(kernel_sets["broken_test"]), inventory=fleet.inventory_dir)
+        assert r.code == 7 and "is locked by" in r.stderr and "test --remote --host k1" in r.stderr, r.stderr
+    finally:
+        out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    assert "pausing 6.0s before tests (test hook)" in err
+    assert state_of(k1)["applied"]["version"] == "0.1.0" and state_of(k1)["tests"]["ok"]

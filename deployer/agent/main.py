@@ -4,44 +4,40 @@ import json
 import os
 import signal
 import sys
+from importlib import import_module
 
-from .bench import op_bench, op_bench_save
-from .build import op_build, op_sources
 from .client import watch
 from .common import Fail
-from .history import op_log
-from .launch import op_launch, op_logs, op_stop
-from .lock_commands import op_lock_release, op_lock_status
-from .overlay_tests import op_test
-from .plan import op_plan
-from .push import op_push
-from .push_build import op_push_build
 from .repo import Repo
-from .rollback import op_rollback
-from .serving import op_wait
-from .status import op_state, op_status
 
 
+# Each operation's module, imported only when that operation runs: a push never loads the
+# kernel build's importlib.metadata or the server checks' urllib.
 OPS = {
-    "push": op_push,
-    "push-build": op_push_build,
-    "rollback": op_rollback,
-    "status": op_status,
-    "plan": op_plan,
-    "log": op_log,
-    "lock-status": op_lock_status,
-    "lock-release": op_lock_release,
-    "build": op_build,
-    "sources": op_sources,
-    "test": op_test,
-    "state": op_state,
-    "launch": op_launch,
-    "logs": op_logs,
-    "stop": op_stop,
-    "wait": op_wait,
-    "bench": op_bench,
-    "bench-save": op_bench_save,
+    "push": ("push", "op_push"),
+    "push-build": ("push_build", "op_push_build"),
+    "rollback": ("rollback", "op_rollback"),
+    "status": ("status", "op_status"),
+    "state": ("status", "op_state"),
+    "plan": ("plan", "op_plan"),
+    "log": ("history", "op_log"),
+    "lock-status": ("lock_commands", "op_lock_status"),
+    "lock-release": ("lock_commands", "op_lock_release"),
+    "build": ("build", "op_build"),
+    "sources": ("build", "op_sources"),
+    "test": ("overlay_tests", "op_test"),
+    "launch": ("launch", "op_launch"),
+    "logs": ("launch", "op_logs"),
+    "stop": ("launch", "op_stop"),
+    "wait": ("serving", "op_wait"),
+    "bench": ("bench", "op_bench"),
+    "bench-save": ("bench", "op_bench_save"),
 }
+
+
+def operation(op: str):
+    module, name = OPS[op]
+    return getattr(import_module("." + module, __package__), name)
 
 
 # Work on launches beside the checkout, not in it: the checkout need not exist.
@@ -80,7 +76,7 @@ def main(argv: list, request=None) -> int:
                 "checkout %s does not exist on this host; create it (clone SGLang "
                 "0.5.23) or fix `checkout` in the inventory" % req["checkout"],
             )
-        result = OPS[op](Repo(req["checkout"]), req)
+        result = operation(op)(Repo(req["checkout"]), req)
     except Fail as exc:
         result = {"ok": False, "error": {"kind": exc.kind, "message": str(exc)}}
     except Exception as exc:  # noqa: BLE001 - reported as data, never a traceback on the wire

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from .common import Fail, now, progress
+from .common import Fail, now, progress, test_pause
 from .repo import Repo
 from .state import read_state, update_section
 
@@ -73,7 +73,28 @@ def check_applied_for_tests(state: dict, req: dict) -> dict:
 
 def op_test(repo: Repo, req: dict) -> dict:
     """pytest on the applied set's overlay tests, JUnit report inside .git; the report comes back in
-    the reply and its totals are recorded in the state (section tests)."""
+    the reply and its totals are recorded in the state (section tests). With `push` in the request
+    (a dev snapshot: its set and push options), this agent pushes it first: one call, one process.
+    The checkout's lock is held for the push and the tests together: no push changes the tree
+    under a test run."""
+    from .lock import holding
+    from .patch_files import Scratch, load_patches
+    from .push import need_checkout, push_held
+
+    if not req.get("push"):
+        with holding(repo, req):
+            return run_tests(repo, req, None)
+    need_checkout(repo)
+    push_req = dict(req, **req["push"])
+    with Scratch("ddeploy-push-") as workdir:
+        patches = load_patches(push_req, workdir)  # NeedShip before the lock, as a push
+        with holding(repo, req):
+            return run_tests(repo, req, push_held(repo, push_req, patches))
+
+
+def run_tests(repo: Repo, req: dict, pushed) -> dict:
+    """The tests of op_test, the lock held; `pushed`: the push's reply when it pushed first."""
+    test_pause(req, "before_tests")
     _c, state = read_state(repo)
     applied = check_applied_for_tests(state, req)
     opts = req.get("options", {})
@@ -115,4 +136,4 @@ def op_test(repo: Repo, req: dict) -> dict:
     record.update(totals or {})
     record["summary"] = describe_totals(totals) if totals else "pytest exit %d" % rc
     update_section(repo, "tests", lambda _old: record, "test %s: %s" % (applied.get("version"), record["summary"]))
-    return {"ok": True, "record": record, "junit": xml_text, "host_report": junit}
+    return {"ok": True, "record": record, "junit": xml_text, "host_report": junit, "push": pushed}

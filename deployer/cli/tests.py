@@ -63,8 +63,13 @@ def _test_once(app, sel, opts, remote: bool, overlay: str | None) -> None:
 
     views = _views()
     if remote:
-        opts = replace(opts, snapshot=chosen_set(None, overlay) if overlay is not None else None)
-        run(app, sel, lambda h, say: test_host(h, opts, say), views.describe_test, report=views.test_table)
+        hosts = sel.hosts(app)
+        with _early_agents(app, sel, hosts) as early:
+            snapshot = chosen_set(None, overlay) if overlay is not None else None  # exported beside the connects
+            early.start("test")
+            opts = replace(opts, snapshot=snapshot, early=early)
+            op = lambda h, say: test_host(h, opts, say)  # noqa: E731
+            run(app, sel, op, views.describe_test, report=views.test_table, hosts=hosts)
     else:
         local = [local_host()]
         run(app, sel, lambda h, say: test_local(opts, say), views.describe_test, report=views.test_table, hosts=local)
@@ -88,6 +93,14 @@ def _watch(app, sel, opts, overlay: str) -> None:
             wait_for_change(path, digest)
     except KeyboardInterrupt:
         say("stopped watching")
+
+
+def _early_agents(app, sel, hosts):
+    """Connect to the first hosts while the dev snapshot is exported (deployer/transport/agent_client.py,
+    EarlyAgents); the agent starts once it is verified."""
+    from ..transport.agent_client import EarlyAgents
+
+    return EarlyAgents(hosts[: sel.parallel], accept_new_host_keys=sel.accept_new_host_keys, command=app.command)
 
 
 def _views():

@@ -12,7 +12,7 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from ..errors import BaseTreeError, ConflictError, DriftError
 from ..inventory import Host
@@ -37,9 +37,9 @@ from ..transport.protocol import (
 )
 from .outcome import Outcome, Say
 
-SETS_DIR = ".git/ddeploy/sets"
-
 R = TypeVar("R", bound=Reply)
+
+SETS_DIR = ".git/ddeploy/sets"
 
 
 @dataclass(frozen=True)
@@ -174,27 +174,32 @@ def push_with(
     extra: dict[str, Any] | None = None,
     model: type[R] = PushReply,  # type: ignore[assignment]
 ) -> R:
-    """One round trip either way: a set this client has not shipped to the host goes with the
-    first call; a set it has goes as checksums only, and in the rare case that the host lost or
-    altered it (the agent answers NeedShip) a second call on the same connection carries it.
-    `op` is `push` or an operation that pushes first (push-build), `extra` the rest of its request."""
+    """`op` is `push` or an operation that pushes first (push-build), `extra` the rest of its
+    request; the set goes as with_set sends it."""
+    request = {**options_request(opts), **(extra or {})}
+    return with_set(agent, ps, say, lambda s, **kw: agent.call(op, {**request, "set": s}, model, **kw))
+
+
+def with_set(agent: AgentSession, ps: PatchSet, say: Say, call: Callable[..., R]) -> R:
+    """call(set request, stream=, passthrough=): an agent call that pushes `ps`, in one round trip
+    either way: a set this client has not shipped to the host goes with the first call; a set it
+    has goes as checksums only, and in the rare case that the host lost or altered it (the agent
+    answers NeedShip) a second call on the same connection carries it."""
     remote_dir = set_dir(agent.host, ps)
     marker = shipped_marker(agent.host, ps)
     kind = "dev snapshot " if ps.dev else ""
     shipping = f"shipping {ps.name} {kind}{ps.version} ({len(ps.patches)} patches) to {remote_dir}"
-    request = {**options_request(opts), **(extra or {}), "set": set_request(ps, remote_dir=remote_dir, inline=False)}
-    res = None
     if marker.exists():
-        res = agent.call(op, request, model, stream=say, passthrough=("NeedShip",))
-    if not isinstance(res, model):
-        say(shipping)
-        request["set"] = set_request(ps, remote_dir=remote_dir, inline=True)
-        res = agent.call(op, request, model, stream=say)
-        try:
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
-        except OSError:
-            pass  # a read-only cache costs one more round trip next time, nothing else
+        res = call(set_request(ps, remote_dir=remote_dir, inline=False), stream=say, passthrough=("NeedShip",))
+        if res.ok:
+            return res
+    say(shipping)
+    res = call(set_request(ps, remote_dir=remote_dir, inline=True), stream=say)
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:
+        pass  # a read-only cache costs one more round trip next time, nothing else
     return res
 
 

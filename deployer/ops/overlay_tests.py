@@ -1,8 +1,8 @@
 """`ddeploy test`: the overlay's unit tests (shipped in the patch set under test/srt/ddtree/), on
 hosts with the host's python against the patched checkout, or locally against the overlay.
 
-With --overlay, the overlay's dev snapshot (deployer/patchset/snapshot.py) is pushed first on the
-same connection, a no-op when it is already applied, and the tests then require exactly it.
+With --overlay, the overlay's dev snapshot (deployer/patchset/snapshot.py) is pushed first by the
+same agent call, a no-op when it is already applied, and the tests then require exactly it.
 On a host the agent does it in one call: refuse unless a patch set is applied (and, with
 --version, unless it is that set), run pytest with a JUnit report inside the checkout's .git
 (the work tree stays clean) and its output streamed as `[host] ...`, record the totals in the
@@ -12,9 +12,10 @@ A host whose tests fail, or whose pytest cannot run, is that host's failure; the
 
 from __future__ import annotations
 
+import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..agent.overlay_tests import TEST_DIR, describe_totals, junit_totals, pytest_argv
@@ -23,9 +24,9 @@ from ..errors import DeployError, OverlayTestsFailed
 from ..inventory import Host, local_host
 from ..patchset import PatchSet
 from ..locations import active_overlay_dir, cache_dir
-from ..transport.agent_client import AgentSession, agent_session
+from ..transport.agent_client import AgentSession, EarlyAgents, agent_session
 from ..transport.protocol import TestRecord, TestReply
-from .deploy import Options, ensure_local_checkout, push_with
+from .deploy import Options, ensure_local_checkout, options_request, with_set
 from .outcome import Outcome, Say
 
 
@@ -40,6 +41,7 @@ class TestOptions:
     report_dir: Path | None = None
     accept_new_host_keys: bool = False
     command: str = "ddeploy test"
+    early: EarlyAgents | None = field(default=None, compare=False, repr=False)  # sessions opened ahead
 
     @property
     def reports(self) -> Path:
@@ -95,18 +97,17 @@ def verdict(host: str, record: TestRecord) -> Outcome:
 
 def test_host(host: Host, opts: TestOptions, say: Say) -> Outcome:
     """Run the overlay tests of the applied patch set on one host (see the module docstring); with
-    a dev snapshot, push it first on the same connection (a no-op when it is already applied)."""
-    snapshot = opts.snapshot
-    if snapshot is not None:
+    a dev snapshot, the same agent call pushes it first (a no-op when it is already applied)."""
+    if opts.snapshot is not None:
         ensure_local_checkout(host, say)
-    with agent_session(host, accept_new_host_keys=opts.accept_new_host_keys, command=opts.command) as agent:
-        pushed = None if snapshot is None else push_with(agent, snapshot, push_options(opts), say)
+    accept, command = opts.accept_new_host_keys, opts.command
+    with agent_session(host, accept_new_host_keys=accept, command=command, early=opts.early) as agent:
         local, res = run_tests(agent, opts, say)
     if res.junit is not None:
         local.parent.mkdir(parents=True, exist_ok=True)
         local.write_text(res.junit)
     outcome = verdict(host.name, res.record)
-    return Outcome(outcome.result, changed=bool(pushed and pushed.changed))
+    return Outcome(outcome.result, changed=bool(res.push and res.push.changed))
 
 
 def push_options(opts: TestOptions) -> Options:
@@ -114,7 +115,8 @@ def push_options(opts: TestOptions) -> Options:
 
 
 def run_tests(agent: AgentSession, opts: TestOptions, say: Say) -> tuple[Path, TestReply]:
-    """One `test` call: the local path its JUnit report belongs at, and the agent's reply."""
+    """One `test` call (with the dev snapshot's push in it): the local path its JUnit report
+    belongs at, and the agent's reply."""
     host, run = agent.host, stamp()
     local = opts.reports / host.name / f"{run}.xml"
     requested = opts.snapshot or opts.requested
@@ -122,12 +124,20 @@ def run_tests(agent: AgentSession, opts: TestOptions, say: Say) -> tuple[Path, T
         "target": {"name": host.name, "python": host.python},
         "stamp": run,
         "report": str(local),
-        "options": {"k": opts.expr},
+        # pause: the test-only hook of push's options (DDEPLOY_TEST_AGENT_PAUSE)
+        "options": {"k": opts.expr, "pause": os.environ.get("DDEPLOY_TEST_AGENT_PAUSE", "")},
         "requested": None
         if requested is None
         else {"name": requested.name, "version": requested.version, "fingerprint": requested.fingerprint()},
     }
-    return local, agent.call("test", request, TestReply, stream=say)
+    if opts.snapshot is None:
+        return local, agent.call("test", request, TestReply, stream=say)
+    push = options_request(push_options(opts))
+
+    def call(set_request: dict, **kw) -> TestReply:
+        return agent.call("test", {**request, "push": {**push, "set": set_request}}, TestReply, **kw)
+
+    return local, with_set(agent, opts.snapshot, say, call)
 
 
 def test_local(opts: TestOptions, say: Say) -> Outcome:

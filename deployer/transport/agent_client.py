@@ -1,17 +1,17 @@
 """Talk to the host-side agent (deployer/agent/): one JSON request in, one JSON reply out.
 
 The agent is stdlib-only and runs with the host's inventory `python` as `python -S -c BOOTSTRAP
-OP` (-S: no site-packages, whose .pth hooks can cost more than the agent's work). BOOTSTRAP is one
-fixed line that reads the program from stdin: first its length, then the boot program with the
-agent's modules as a bundle ({module: source} literal, imported from memory); the request (JSON)
-follows it on stdin. So nothing has to be
-installed on a host, client and agent can never be out of step, neither the source nor the request
-shows in `ps` on the host, and the agent can start before the request exists: an EarlyAgents
-opens the connections and starts the agents while the client still prepares the request (the SSH
-handshake, the host's login shell and Python's start-up then overlap with the client's own work).
-The boot program keeps the agent's bytecode in ~/.cache/ddeploy/agent/ on the host (one file per
-bundle and Python, like __pycache__), so a call does not compile its 1,900 lines again.
-Every reply is validated into its model from deployer/transport/protocol.py.
+OP DIGEST` (-S: no site-packages, whose .pth hooks can cost more than the agent's work). DIGEST is
+the sha256 of the agent's bundle ({module: source} as JSON, a readable package here). The host
+keeps the bundle compiled under DIGEST (~/.cache/ddeploy/agent/), so its ~100 KB cross once per
+host and agent version: the first call sends it on stdin and the host says that it kept it; later
+calls send only the request (a host without an intact copy answers NeedAgent, and gets it). So
+nothing has to be installed on a host by hand, client and agent can never be out of step, neither
+the source nor the request shows in `ps` on the host, and the agent can start before the request
+exists: an EarlyAgents opens the connections and starts the agents while the client still
+prepares the request (the SSH handshake, the host's login shell and Python's start-up then overlap
+with the client's own work). Every reply is validated into its model from
+deployer/transport/protocol.py.
 
     with agent_session(host, accept_new_host_keys=False) as agent:   # one SSH connection
         status = agent.call("status", {}, StatusReply, stream=say)
@@ -20,6 +20,7 @@ Every reply is validated into its model from deployer/transport/protocol.py.
 from __future__ import annotations
 
 import functools
+import hashlib
 import getpass
 import json
 import socket
@@ -42,82 +43,78 @@ HOST_PACKAGE = "ddeploy_agent"  # its name on the host
 R = TypeVar("R")
 
 
-# Python >= 3.8 and the standard library, like the agent. The agent travels as a bundle, {module
-# name: source}, imported from memory by a meta path finder (as zipimport would from a zip, or
-# Ansible's AnsiballZ payload): a readable package here, one program on the wire. The compiled
-# bundle is cached under a hash of the sources and the interpreter, so a changed agent or another
-# Python never loads stale bytecode.
-BOOT = b"""import hashlib, marshal, os, sys
+# What `python -S -c` runs on the host, with argv OP DIGEST (the sha256 of the bundle). Python
+# >= 3.8 and the standard library, like the agent. stdin: the bundle's length, the bundle (none:
+# the client expects the host to keep it), then the request (one line, read by the agent). The
+# host keeps the bundle compiled under its hash, one file per bundle and Python (like
+# __pycache__), checksummed: a cut-off or altered file, or one kept for another bundle, is never
+# run. When it has no intact copy and none was sent, the agent answers NeedAgent and the client
+# sends the bundle. deployer/agent/boot.py, from the bundle, compiles and keeps it, imports the
+# agent and runs it.
+BOOTSTRAP = (
+    """import os, sys
+from hashlib import sha256
 
-PACKAGE = "ddeploy_agent"
+DIGEST = sys.argv[2]
+PACKAGE = "%s"
+stdin = sys.stdin.buffer
 
 
-def _agent_codes(sources):
-    tag = "%s %s %d" % (sys.version, sys.implementation.cache_tag, sys.flags.optimize)
-    digest = hashlib.sha256(tag.encode())
-    for name in sorted(sources):
-        digest.update(name.encode() + b"\\0" + sources[name] + b"\\0")
-    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ddeploy", "agent")
-    path = os.path.join(cache, digest.hexdigest()[:40] + ".marshal")
+def kept_path():
+    tag = "%%s %%s %%d" %% (sys.version, sys.implementation.cache_tag, sys.flags.optimize)
+    name = "%%s-%%s.marshal" %% (DIGEST, sha256(tag.encode()).hexdigest()[:12])
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(home, "ddeploy", "agent", name)
+
+
+def kept(path):
+    from marshal import loads
+
     try:
         with open(path, "rb") as fh:
-            codes = marshal.loads(fh.read())
-        if isinstance(codes, dict) and sorted(codes) == sorted(sources):
-            return codes
+            data = fh.read()
+        if sha256(data[32:]).digest() == data[:32]:
+            named, codes = loads(data[32:])
+            if named == DIGEST:
+                return codes
     except (OSError, ValueError, EOFError, TypeError):
         pass
-    codes = {}
-    for name, src in sources.items():
-        codes[name] = compile(src, "<ddeploy-agent>/%s.py" % name.replace(".", "/"), "exec")
-    try:
-        os.makedirs(cache, mode=0o700, exist_ok=True)
-        tmp = "%s.%d.tmp" % (path, os.getpid())
-        with open(tmp, "wb") as fh:
-            fh.write(marshal.dumps(codes))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # an unwritable home only costs the compile
-    return codes
+    return None
 
 
-class _Bundle:
-    \"\"\"A meta path finder and loader for the agent's modules, compiled from the bundle.\"\"\"
-
-    def __init__(self, codes):
-        self.codes = codes
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self.codes:
-            return None
-        from importlib.machinery import ModuleSpec
-
-        return ModuleSpec(fullname, self, is_package=fullname == PACKAGE)
-
-    def create_module(self, spec):
-        return None
-
-    def exec_module(self, module):
-        exec(self.codes[module.__spec__.name], module.__dict__)
+def refuse(kind, message):
+    stdin.readline()  # the request: read, not run
+    sys.stdout.write('{"ok": false, "error": {"kind": "%%s", "message": "%%s"}}\\n' %% (kind, message))
+    sys.exit(0)
 
 
-def _run(sources):
-    sys.meta_path.insert(0, _Bundle(_agent_codes(sources)))
-    from ddeploy_agent.main import main
+path = kept_path()
+codes = kept(path)
+bundle = stdin.read(int(stdin.readline()))
+if bundle and sha256(bundle).hexdigest() != DIGEST:
+    refuse("RemoteCommandError", "the agent arrived damaged (sha256 mismatch); run the command again")
+if codes is None and not bundle:
+    refuse("NeedAgent", "this host keeps no agent %%s" %% DIGEST[:12])
+boot = {"__name__": PACKAGE + ".boot"}
+if codes is None:  # compiled from the bundle sent, and kept
+    import json
 
-    sys.exit(main(sys.argv))
-
-
+    sources = json.loads(bundle.decode())
+    exec(compile(sources[PACKAGE + ".boot"], "<ddeploy-agent>/boot.py", "exec"), boot)
+    codes = boot["keep"](path, DIGEST, sources)
+else:
+    exec(codes[PACKAGE + ".boot"], boot)
+    if bundle:
+        sys.stdout.write("ddeploy-agent kept %%s\\n" %% DIGEST)
+boot["run"](codes)
 """
-
-
-# What `python -S -c` runs on the host: read the program (its length first), run it. The program
-# then reads the request from the rest of stdin.
-BOOTSTRAP = "import sys; exec(sys.stdin.buffer.read(int(sys.stdin.buffer.readline())))"
+    % HOST_PACKAGE
+)
 
 
 @functools.cache  # read once per process, not once per agent call on every host
 def agent_sources() -> dict[str, bytes]:
-    """The bundle: {module name on the host: source} for every module of deployer/agent/."""
+    """{module name on the host: source} for every module of deployer/agent/."""
     sources = {}
     for path in sorted(AGENT_PACKAGE.glob("*.py")):
         if path.name != "__main__.py":
@@ -126,27 +123,72 @@ def agent_sources() -> dict[str, bytes]:
     return sources
 
 
+def bundle_of(sources: dict[str, bytes]) -> bytes:
+    """The bundle as it travels: one JSON object {module name: source} (Ansible's AnsiballZ
+    payload, without the zip)."""
+    return json.dumps({name: src.decode() for name, src in sources.items()}, sort_keys=True).encode()
+
+
+def bundle_digest(sources: dict[str, bytes]) -> str:
+    return hashlib.sha256(bundle_of(sources)).hexdigest()
+
+
 @functools.cache
-def agent_program() -> bytes:
-    """The boot program and the bundle; the agent reads the request from stdin."""
-    return BOOT + b"_run(%s)\n" % repr(agent_sources()).encode()
+def agent_bundle() -> bytes:
+    return bundle_of(agent_sources())
+
+
+@functools.cache
+def agent_digest() -> str:
+    """The agent's name on a host: the sha256 of its bundle."""
+    return hashlib.sha256(agent_bundle()).hexdigest()
 
 
 def agent_argv(python: str, op: str) -> list[str]:
-    return [python, "-S", "-c", BOOTSTRAP, op]
+    return [python, "-S", "-c", BOOTSTRAP, op, agent_digest()]
 
 
-@functools.cache  # the same ~80 KB for every call on every host: built once
-def _program_head() -> bytes:
-    program = agent_program()
-    return b"%d\n" % len(program) + program
+@functools.cache  # the same ~100 KB for every call that sends it: built once
+def _bundle_head() -> bytes:
+    return b"%d\n" % len(agent_bundle()) + agent_bundle()
 
 
-def agent_stdin(request: dict[str, Any] | None = None) -> bytes:
-    """What the agent reads on stdin: the program (length-prefixed), then the request (one line),
-    if known."""
-    head = _program_head()
+def agent_stdin(request: dict[str, Any] | None = None, *, send: bool = True) -> bytes:
+    """What the agent reads on stdin: the bundle (length-prefixed; `send=False`: none, the host
+    keeps it), then the request (one line), if known."""
+    head = _bundle_head() if send else b"0\n"
     return head + json.dumps(request).encode() + b"\n" if request is not None else head
+
+
+def kept_marker(host: Host) -> Path:
+    """Where this client notes that `host` keeps the current agent (a hint, never trusted: a host
+    without an intact copy answers NeedAgent and gets the bundle)."""
+    from ..locations import cache_dir
+
+    address = f"{host.ssh.host}:{host.ssh.port}" if host.ssh else host.connection
+    key = hashlib.sha256(f"{host.name}\0{address}\0{host.python}".encode()).hexdigest()[:16]
+    return cache_dir() / "agents" / key / agent_digest()
+
+
+def _needs_agent(reply: dict[str, Any]) -> bool:
+    """The host keeps no intact copy of the agent that was named, and ran nothing."""
+    err = reply.get("error")
+    return isinstance(err, dict) and err.get("kind") == "NeedAgent"
+
+
+def _note(marker: Path) -> None:
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError:
+        pass  # a read-only cache costs sending the bundle each time, nothing else
+
+
+def _forget(marker: Path) -> None:
+    try:
+        marker.unlink()
+    except OSError:
+        pass
 
 
 def who() -> str:
@@ -175,16 +217,20 @@ class AgentSession:
 
     def __init__(self, conn: Connection, host: Host, command: str = "ddeploy"):
         self.conn, self.host, self.command = conn, host, command
-        self._started: dict[str, StartedCommand] = {}
+        self._started: dict[str, tuple[StartedCommand, bool]] = {}
 
     def _fail(self, what: str) -> errors.RemoteCommandError:
         return errors.RemoteCommandError(
             f"the ddeploy agent ({self.host.python}) {what}; check `python` in the inventory", host=self.host.name
         )
 
-    def _start(self, op: str) -> StartedCommand:
+    def _start(self, op: str, send: bool | None = None) -> tuple[StartedCommand, bool]:
+        """The agent for `op`, started with its bundle unless this client delivered it to the
+        host before (`send`: whether it did send it)."""
+        send = not kept_marker(self.host).exists() if send is None else send
+        argv, stdin = agent_argv(self.host.python, op), agent_stdin(send=send)
         # stdin stays open after the request: its end tells the agent this client has gone
-        return self.conn.start(agent_argv(self.host.python, op), first_input=agent_stdin(), hold_stdin=True)
+        return self.conn.start(argv, first_input=stdin, hold_stdin=True), send
 
     def start(self, op: str) -> None:
         """Start the agent for the next `op` call now; the call then only sends its request."""
@@ -192,7 +238,18 @@ class AgentSession:
 
     def _raw(self, op: str, request: dict[str, Any], stream, timeout) -> dict[str, Any]:
         req = {"op": op, "checkout": self.host.checkout, "by": who(), "command": self.command, **request}
-        started = self._started.pop(op, None) or self._start(op)
+        started, sent = self._started.pop(op, None) or self._start(op)
+        reply, kept = self._finish(op, started, req, stream, timeout)
+        if not sent and _needs_agent(reply):
+            _forget(kept_marker(self.host))  # the host lost it (or never kept it): send it this once
+            started, sent = self._start(op, send=True)
+            reply, kept = self._finish(op, started, req, stream, timeout)
+        if sent and kept:
+            _note(kept_marker(self.host))
+        return reply
+
+    def _finish(self, op: str, started: StartedCommand, req: dict, stream, timeout) -> tuple[dict[str, Any], bool]:
+        """The agent's reply, and whether it said that the host keeps its bundle."""
         res = started.finish(json.dumps(req).encode() + b"\n", check=False, stream=stream, timeout=timeout)
         lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
         if res.signal:  # not a cut connection: the host is up, the agent is gone
@@ -209,7 +266,7 @@ class AgentSession:
             reply = None
         if not isinstance(reply, dict):
             raise self._fail(f"replied with something that is not a JSON object: {lines[-1][:80]!r}")
-        return reply
+        return reply, f"ddeploy-agent kept {agent_digest()}" in res.stdout.splitlines()
 
     def call(
         self,

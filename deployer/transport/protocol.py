@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class Record(BaseModel):
     """Tolerant of fields a newer agent adds; `from` is a Python keyword, hence the aliases."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
     def to_data(self) -> dict[str, Any]:
         return self.model_dump(mode="json", by_alias=True)
@@ -282,6 +282,9 @@ class TestReply(Reply):
     record: TestRecord
     junit: str | None = Field(default=None, description="the JUnit XML report, None when pytest wrote none")
     host_report: str
+    push: PushReply | None = Field(
+        default=None, description="the push of the dev snapshot before the tests (--overlay)"
+    )
 
 
 class LaunchedUnit(Record):
