@@ -46,7 +46,7 @@ def _wrap(owner, attr, name):
         finally:
             _note(name + " end")
     setattr(owner, attr, wrapped)
-import deployer.transport.agent_client as a, deployer.transport.ssh_connection as c  # paramiko: first anyway
+import deployer.transport.early_agents as a, deployer.transport.ssh_connection as c  # paramiko: first anyway
 _wrap(c.SSHConnection, "_open_fresh", "connect")
 _wrap(c.SSHConnection, "start", "agent start")
 _wrap(c._StartedChannel, "finish", "agent call")

@@ -15,7 +15,8 @@ import pytest
 
 from deployer.errors import ConnectError, StateError
 from deployer.inventory import Inventory
-from deployer.transport.agent_client import EarlyAgents, agent_session
+from deployer.transport.agent_client import agent_session
+from deployer.transport.early_agents import EarlyAgents
 from deployer.transport.protocol import StatusReply
 from processes import alive, wait_until
 

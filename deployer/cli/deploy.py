@@ -131,7 +131,7 @@ def _early_agents(ctx: click.Context, hosts):
     """Connect to the first hosts the fleet runs while this process prepares the request (the
     patch set verified, the modules the call needs imported): deployer/transport/agent_client.py,
     EarlyAgents."""
-    from ..transport.agent_client import EarlyAgents
+    from ..transport.early_agents import EarlyAgents
 
     sel, app = selection(ctx), ctx.obj
     return EarlyAgents(hosts[: sel.parallel], accept_new_host_keys=sel.accept_new_host_keys, command=app.command)

@@ -98,7 +98,7 @@ def _watch(app, sel, opts, overlay: str) -> None:
 def _early_agents(app, sel, hosts):
     """Connect to the first hosts while the dev snapshot is exported (deployer/transport/agent_client.py,
     EarlyAgents); the agent starts once it is verified."""
-    from ..transport.agent_client import EarlyAgents
+    from ..transport.early_agents import EarlyAgents
 
     return EarlyAgents(hosts[: sel.parallel], accept_new_host_keys=sel.accept_new_host_keys, command=app.command)
 

@@ -22,7 +22,8 @@ from ..errors import GreedyMismatchError, StateError, UsageError
 from ..inventory import Host
 from ..render import RenderedUnit, render_hosts
 from ..transport.agent_client import AgentSession, agent_session
-from ..transport.protocol import BenchReply, BenchSaveReply, HostState, LaunchRecord, StateReply, WaitReply
+from ..transport.protocol import HostState, StateReply
+from ..transport.protocol_serving import BenchReply, BenchSaveReply, LaunchRecord, WaitReply
 from .launch import build_cache_dir, unit_request, wait_serving
 
 Say = Callable[[str], None]

@@ -18,7 +18,8 @@ from ..errors import BaseTreeError, ConflictError, DriftError
 from ..inventory import Host
 from ..locations import cache_dir
 from ..patchset import PatchSet
-from ..transport.agent_client import AgentSession, EarlyAgents, agent_session
+from ..transport.agent_client import AgentSession, agent_session
+from ..transport.early_agents import EarlyAgents
 from ..transport.protocol import (
     Applied,
     BaseCheck,

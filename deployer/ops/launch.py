@@ -17,7 +17,8 @@ from typing import Any, Callable
 from ..errors import DeployError, RenderError, StateError
 from ..inventory import Host
 from ..transport.agent_client import AgentSession, agent_session
-from ..transport.protocol import HostState, LaunchReply, LogsReply, StateReply, StopReply, WaitReply
+from ..transport.protocol import HostState, StateReply
+from ..transport.protocol_serving import LaunchReply, LogsReply, StopReply, WaitReply
 from ..render import RenderedUnit, launch_dir_for, render_hosts
 
 HostSay = Callable[[str, str], None]  # (message, host)

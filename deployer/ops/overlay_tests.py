@@ -24,7 +24,8 @@ from ..errors import DeployError, OverlayTestsFailed
 from ..inventory import Host, local_host
 from ..patchset import PatchSet
 from ..locations import active_overlay_dir, cache_dir
-from ..transport.agent_client import AgentSession, EarlyAgents, agent_session
+from ..transport.agent_client import AgentSession, agent_session
+from ..transport.early_agents import EarlyAgents
 from ..transport.protocol import TestRecord, TestReply
 from .deploy import Options, ensure_local_checkout, options_request, with_set
 from .outcome import Outcome, Say

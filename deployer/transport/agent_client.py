@@ -8,7 +8,7 @@ host and agent version: the first call sends it on stdin and the host says that 
 calls send only the request (a host without an intact copy answers NeedAgent, and gets it). So
 nothing has to be installed on a host by hand, client and agent can never be out of step, neither
 the source nor the request shows in `ps` on the host, and the agent can start before the request
-exists: an EarlyAgents opens the connections and starts the agents while the client still
+exists: an EarlyAgents (early_agents.py) opens the connections and starts the agents while the client still
 prepares the request (the SSH handshake, the host's login shell and Python's start-up then overlap
 with the client's own work). Every reply is validated into its model from
 deployer/transport/protocol.py.
@@ -24,9 +24,6 @@ import hashlib
 import getpass
 import json
 import socket
-import threading
-import time
-from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
@@ -37,6 +34,7 @@ from .connection import Connection, StartedCommand, killed_by, open_connection
 
 if TYPE_CHECKING:
     from ..inventory import Host
+    from .early_agents import EarlyAgents
 
 AGENT_PACKAGE = Path(__file__).resolve().parent.parent / "agent"  # deployer/agent/, stdlib only
 HOST_PACKAGE = "ddeploy_agent"  # its name on the host
@@ -294,106 +292,6 @@ class AgentSession:
             return model.model_validate(reply)  # type: ignore[attr-defined]
         except ValidationError as exc:
             raise self._fail(_reply_problem(exc)) from None
-
-
-class EarlyAgents:
-    """Connections opened while the client still prepares the request, and the agents started on
-    them as soon as the client knows what it will ask (`start(op)`), before the request exists.
-
-    Most of a push's time on a host is the SSH handshake, the host's login shell and Python's
-    start-up. None of that needs the request, so it runs beside the client's own work (verifying
-    the patch set, importing what the call needs, building the request) instead of after it.
-    Nothing runs on a host before `start`: a command whose input turns out bad (a tampered patch
-    set) has only connected. Each host connects in its own thread; a failure (ConnectError) is
-    raised where the session is taken, so it is reported per host as before. Sessions never taken
-    (the client failed, --fail-fast) are closed; an agent that was started reads no request and
-    ends without touching the checkout.
-
-        with EarlyAgents(hosts[:parallel]) as early:  # handshakes begin
-            ps = load_patch_set(...)                  # verified while they run
-            early.start("push")                       # shells and agents start
-            with agent_session(host, early=early) as agent: agent.call("push", {...})
-    """
-
-    def __init__(
-        self,
-        hosts: list[Host],
-        *,
-        accept_new_host_keys: bool = False,
-        command: str = "ddeploy",
-    ):
-        self.accept_new_host_keys, self.command = accept_new_host_keys, command
-        self._lock = threading.Lock()
-        self._go = threading.Event()
-        self._op: str | None = None
-        self._closed = False
-        self._futures: dict[str, Future[AgentSession]] = {}
-        for host in hosts:
-            if host.is_local or host.name in self._futures:
-                continue  # nothing to hide on this machine
-            future: Future[AgentSession] = Future()
-            self._futures[host.name] = future
-            thread = threading.Thread(target=self._open, args=(host, future), name=f"early-{host.name}", daemon=True)
-            thread.start()
-
-    def _open(self, host: Host, future: Future) -> None:
-        try:
-            conn = open_connection(host, accept_new_host_keys=self.accept_new_host_keys)
-            session = AgentSession(conn, host, self.command)
-        except BaseException as exc:  # noqa: BLE001 - handed to whoever takes the session
-            future.set_exception(exc)
-            return
-        self._go.wait()  # start() or close()
-        try:
-            if self._op is not None and not self._closed:
-                session.start(self._op)
-        except BaseException as exc:  # noqa: BLE001
-            session.conn.close()
-            future.set_exception(exc)
-            return
-        with self._lock:
-            abandoned = self._closed
-            if not abandoned:
-                future.set_result(session)
-        if abandoned:
-            session.conn.close()
-
-    def start(self, op: str, *, wait: float = 1.0) -> None:
-        """Start the agent for `op` on each host as soon as it is connected, and give that the
-        CPU first for up to `wait` seconds (the hosts' shells are the long pole; a host slower
-        than that to answer does not hold up the client)."""
-        self._op = op
-        self._go.set()
-        deadline = time.monotonic() + wait
-        for future in list(self._futures.values()):
-            try:
-                future.exception(timeout=max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                return
-
-    def take(self, host: Host) -> AgentSession | None:
-        """The host's early session (waiting for its connect), or None if it has none; raises the
-        connect's error."""
-        self._go.set()  # without a start(), sessions come without a started agent
-        with self._lock:
-            future = None if self._closed else self._futures.pop(host.name, None)
-        return future.result() if future is not None else None
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            left, self._futures = list(self._futures.values()), {}
-        self._go.set()
-        for future in left:
-            if future.done() and future.exception() is None:
-                future.result().conn.close()
-            # not done yet: _open closes it when it gets there
-
-    def __enter__(self) -> "EarlyAgents":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 @contextmanager
