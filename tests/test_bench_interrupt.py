@@ -119,7 +119,7 @@ CASES += [("h1", "cut", "baseline measurement"), ("local", "cut", "baseline star
 
 
 @pytest.fixture
-def bench_host(request, hosts, _isolated_cache, tmp_path):
+def bench_host(request, hosts, cli, _isolated_cache, tmp_path):
     """(host name, its launch dir, the marks dir) for the stand-in launches."""
     name = request.param
     if name == "local":
@@ -134,21 +134,17 @@ def bench_host(request, hosts, _isolated_cache, tmp_path):
     yield name, launch_dir, marks
     # whatever a failing test left: stop it, then make sure nothing of the stand-ins runs
     wait_until(lambda: _lock_free(launch_dir), 60)
-    from conftest import run_cli
-
-    run_cli("stop", "--host", name, "--grace", "2", inventory=hosts.inventory_dir)
+    cli("stop", "--host", name, "--grace", "2", inventory=hosts.inventory_dir)
     for pid in _stand_in_pids(marks):
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize(("bench_host", "how", "phase"), CASES, indirect=["bench_host"])
-def test_bench_compare_interrupted_leaves_the_original_serving_and_recorded(bench_host, hosts, phase, how):
-    from conftest import run_cli
-
+def test_bench_compare_interrupted_leaves_the_original_serving_and_recorded(bench_host, hosts, cli, phase, how):
     name, launch_dir, marks = bench_host
     port = _free_port()
-    r = run_cli(*_launch_args(name, marks, PHASES[phase][1], port), inventory=hosts.inventory_dir)
+    r = cli(*_launch_args(name, marks, PHASES[phase][1], port), inventory=hosts.inventory_dir)
     assert r.code == 0, r.stderr
     original = json.loads((launch_dir / "launch.json").read_text())
     sig = signal.SIGINT if how == "ctrl-c" else signal.SIGKILL
@@ -165,6 +161,6 @@ def test_bench_compare_interrupted_leaves_the_original_serving_and_recorded(benc
     # nothing but the original's server runs of what the stand-ins started
     running = [pid for pid in _stand_in_pids(marks) if alive(pid)]
     assert len(running) == 1, running
-    stopped = run_cli("stop", "--host", name, "--grace", "5", inventory=hosts.inventory_dir)
+    stopped = cli("stop", "--host", name, "--grace", "5", inventory=hosts.inventory_dir)
     assert stopped.code == 0, stopped.stderr
     assert wait_until(lambda: not any(alive(pid) for pid in _stand_in_pids(marks)), 10)

@@ -182,3 +182,35 @@ def test_a_dev_round_is_one_agent_call_that_pushes_then_tests(cli, python_hosts,
         assert r.code == 0 and "1 passed" in r.stderr, r.stderr
         assert (k1.checkout / ".git/ddeploy/probe-mark").read_text() == mark
         assert log.read_text().split() == ["test"] * n
+
+
+def test_a_push_drops_the_bytecode_of_what_it_rewrites(tmp_path):
+    """Python keeps a .pyc while its source's mtime (whole seconds) and size match: a one-character
+    edit pushed within the second of the last test run would run the old code. A push drops the
+    bytecode of the files it switches (agent/bytecode.py); shown here with the same mtime forced."""
+    import os
+    import subprocess
+    import sys
+
+    from deployer.agent.bytecode import drop_bytecode, pycache_dir
+    from deployer.agent.repo import Repo
+
+    checkout = tmp_path / "co"
+    (checkout / ".git").mkdir(parents=True)
+    repo = Repo(str(checkout))
+    source = checkout / "probe_mod.py"
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": pycache_dir(repo)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+
+    def run() -> str:
+        argv = [sys.executable, "-c", "import probe_mod; print(probe_mod.MARK)"]
+        return subprocess.run(argv, cwd=checkout, env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+    source.write_text('MARK = "round 1"\n')
+    os.utime(source, (1_700_000_000, 1_700_000_000))
+    assert run() == "round 1"
+    source.write_text('MARK = "round 2"\n')  # same size, and the same second:
+    os.utime(source, (1_700_000_000, 1_700_000_000))
+    assert run() == "round 1"  # what Python does on its own: the old code
+    drop_bytecode(repo, ["probe_mod.py", "README.md"])
+    assert run() == "round 2"

@@ -34,7 +34,8 @@ This program alone reads and writes the host's records (the client only sees its
     .git/ddeploy/deploy.lock.json  the holder's record {by, user, host, pid, time, command}, for
                             messages; one left by a killed holder is replaced by the next command
     .git/ddeploy/journal.json  a transaction switched halfway; the next run rolls it forward
-    .git/ddeploy/sets/      shipped patch sets; test-reports/, pycache/ (kept out of the work tree)
+    .git/ddeploy/sets/      shipped patch sets; test-reports/, pycache/ (kept out of the work tree;
+                            a push or rollback drops the bytecode of the files it switches)
     <launch_dir>/launch.json   the last launch (id, topology, units with pid, start time, log,
                             state), replaced by compare-and-swap on its id
     <launch_dir>/launch.lock   the launch lock: flock held by launch, stop, wait and bench for
@@ -51,7 +52,7 @@ One module per concern: common (errors, progress), repo (git), state (the state 
 (and mounts, the filesystem its errors name), transaction (journal and switch), patch_files (the
 set's patches on the host), base_gate, facts, plan and plan_diff, push (and pruning of dev
 snapshots), rollback, status, history (log), lock_commands, toolkit, build_plan, jit_cache and
-build (kernels), overlay_tests (pytest), launch_record (the launch record and lock), units (unit
+build (kernels), overlay_tests (pytest), bytecode (its cache), launch_record (the launch record and lock), units (unit
 files and processes), launch, serving (is it serving) and bench (servers), client (is the client
 still there), main (the entry point: each operation's module imported when it runs), boot
 (imports the bundle's compiled modules on the host). The modules import each other relatively,

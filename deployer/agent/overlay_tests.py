@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+from .bytecode import pycache_dir
 from .common import Fail, now, progress, test_pause
 from .repo import Repo
 from .state import read_state, update_section
@@ -112,7 +113,7 @@ def run_tests(repo: Repo, req: dict, pushed) -> dict:
         )
     )
     argv = pytest_argv(req["target"]["python"], junit, opts.get("k"))
-    env = dict(os.environ, PYTHONPYCACHEPREFIX=os.path.join(repo.ddir, "pycache"))
+    env = dict(os.environ, PYTHONPYCACHEPREFIX=pycache_dir(repo))
     sys.stderr.flush()
     try:  # all of pytest's output on stderr: the client streams it line by line as `[host] ...`
         rc = subprocess.run(argv, cwd=repo.path, env=env, stdout=2, stderr=2).returncode

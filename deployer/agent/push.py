@@ -3,6 +3,7 @@ the state commit, under the checkout's lock."""
 
 import os
 
+from .bytecode import drop_bytecode
 from .common import FIXED_DATES, PRE_REF, Fail, now, progress
 from .facts import head_facts
 from .lock import acquire, release
@@ -136,4 +137,5 @@ def _push_apply(repo: Repo, req: dict, f: dict, p: dict, patches: list, saved) -
         message,
         pre.get("branch"),
     )
+    drop_bytecode(repo, set(spec["files"]) | set((applied_before or {}).get("files", [])))
     return {"ok": True, "changed": True, "plan": p, "applied": applied, "saved": saved}

@@ -3,6 +3,7 @@ journaled transaction under the checkout's lock."""
 
 import json
 
+from .bytecode import drop_bytecode
 from .common import PRE_REF, STATE_REF, Fail, now, progress
 from .facts import head_facts
 from .lock import acquire, release
@@ -94,6 +95,7 @@ def _rollback_apply(repo, req, f, target, to, saved, recovered) -> dict:
         message,
         pre.get("branch"),
     )
+    drop_bytecode(repo, set(applied["files"]) | set((engine.get("applied") or {}).get("files", [])))
     return {
         "ok": True,
         "changed": True,
