@@ -95,7 +95,8 @@ def _stand_in_pids(marks: Path) -> list[int]:
     return [int(f.read_text()) for f in marks.iterdir() if f.read_text().strip()]
 
 
-def _interrupt_bench(inventory, host, launch_dir, marks, phase, sig) -> subprocess.CompletedProcess | None:
+def _interrupt_bench(inventory, host, marks, phase, sig) -> tuple[int, str]:
+    """Run `bench --compare` as its own process, send `sig` to its group once `phase` runs; (rc, stderr)."""
     marker, _ = PHASES[phase]
     count = 2 if phase == "restore" else 1
     argv = [sys.executable, "-c", CLI, "-i", str(inventory), "bench", "--host", host, "-t", "tp8", *BENCH]
@@ -148,7 +149,7 @@ def test_bench_compare_interrupted_leaves_the_original_serving_and_recorded(benc
     assert r.code == 0, r.stderr
     original = json.loads((launch_dir / "launch.json").read_text())
     sig = signal.SIGINT if how == "ctrl-c" else signal.SIGKILL
-    rc, err = _interrupt_bench(hosts.inventory_dir, name, launch_dir, marks, phase, sig)
+    rc, err = _interrupt_bench(hosts.inventory_dir, name, marks, phase, sig)
     assert rc == (130 if how == "ctrl-c" else -signal.SIGKILL), err
     # the host finishes on its own: the baseline stopped, the original started again and serving
     assert wait_until(lambda: _lock_free(launch_dir), 90), "the host's bench never ended"
