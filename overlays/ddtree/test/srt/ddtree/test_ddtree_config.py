@@ -24,7 +24,6 @@ def _cfg(**over):
         speculative_draft_window_size=None,
         speculative_use_block_verification=False,
         speculative_num_draft_tokens=4,
-        attn_dp_size=1,
         pp_size=1,
     )
     base.update(over)
@@ -60,7 +59,6 @@ def test_no_budget_declares_nothing():
         ),
         ({"speculative_use_block_verification": True}, "block-verification"),
         ({"speculative_num_draft_tokens": 1}, "block size >= 2"),
-        ({"attn_dp_size": 8}, "--attn-dp-size > 1 yet \\(got 8\\)"),
         ({"pp_size": 2}, "only supports --pp-size 1 \\(got 2\\)"),
     ],
 )
@@ -105,11 +103,11 @@ def test_flags_are_judged_before_the_model_configs_are_read():
         read.append(True)
         return {"verify_backend": "trtllm_mla", "is_mla": True, "vocab_size": 64}
 
-    cfg = _cfg(attn_dp_size=8, speculative_use_block_verification=True)
+    cfg = _cfg(pp_size=2, speculative_use_block_verification=True)
     with pytest.raises(ValueError) as info:
         resolve_ddtree_server_args(cfg, facts)
     text = str(info.value)
-    assert "block-verification" in text and "--attn-dp-size" in text
+    assert "block-verification" in text and "--pp-size" in text
     assert read == []
     with pytest.raises(ValueError) as info:
         resolve_ddtree_server_args(_cfg(speculative_dflash_tree_topk=65), facts)
@@ -162,7 +160,7 @@ def test_worker_config_refuses_topk_above_the_vocabulary():
         DDTreeConfig.for_worker(_spec(topk=65), vocab_size=64)
 
 
-_OK = dict(is_hybrid=False, draft_kind="dflash", dense_lm_head=True, attn_dp=False)
+_OK = dict(is_hybrid=False, draft_kind="dflash", dense_lm_head=True)
 
 
 @pytest.mark.parametrize(
@@ -171,7 +169,6 @@ _OK = dict(is_hybrid=False, draft_kind="dflash", dense_lm_head=True, attn_dp=Fal
         ({"is_hybrid": True}, "hybrid/Mamba"),
         ({"draft_kind": "Domino"}, "uses a Domino head"),
         ({"dense_lm_head": False}, "dense \\(unquantized\\)"),
-        ({"attn_dp": True}, "attn-dp-size"),
     ],
 )
 def test_each_refused_worker_setting_has_its_message(over, message):

@@ -39,7 +39,6 @@ def test_a_launch_ddtree_can_serve_has_no_refusal():
 @pytest.mark.parametrize(
     "fields,message",
     [
-        ({"attn_dp_size": 8}, "--attn-dp-size > 1 yet (got 8)"),
         ({"pp_size": 2}, "only supports --pp-size 1 (got 2)"),
         ({"verify_backend": "trtllm_mla"}, "--attention-backend trtllm_mla does not"),
         ({"budget": 0}, "tree-budget to be positive, got 0"),

@@ -61,7 +61,6 @@ def resolve_ddtree_server_args(
         budget=budget,
         topk=cfg.speculative_dflash_tree_topk,
         block_size=int(cfg.speculative_num_draft_tokens),
-        attn_dp_size=int(cfg.attn_dp_size or 1),
         pp_size=int(cfg.pp_size or 1),
         block_verification=bool(cfg.speculative_use_block_verification),
     )
@@ -190,7 +189,6 @@ def check_ddtree_worker(
     is_hybrid: bool,
     draft_kind: str,
     dense_lm_head: bool,
-    attn_dp: bool,
 ) -> None:
     """Start-up refusal of what the DDTree wiring cannot serve (ValueError).
 
@@ -205,8 +203,6 @@ def check_ddtree_worker(
             "DDTree needs a dense (unquantized) target lm_head without added "
             "vocabulary for its top-K draft head."
         )
-    if attn_dp:
-        raise ValueError("DDTree does not support --attn-dp-size > 1 yet.")
 
 
 # Sampling parameters whose plain-decoding effect depends on the tokens

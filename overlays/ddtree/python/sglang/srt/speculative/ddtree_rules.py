@@ -42,7 +42,6 @@ class DDTreeLaunch:
     block_size:        the resolved DFlash draft block size
     verify_backend:    the --attention-backend that runs TARGET_VERIFY
     is_mla:            whether the target uses MLA attention
-    attn_dp_size:      --attn-dp-size
     pp_size:           --pp-size
     block_verification: --speculative-use-block-verification
     vocab_size:        the target's vocabulary size
@@ -56,7 +55,6 @@ class DDTreeLaunch:
     block_size: Optional[int] = None
     verify_backend: Optional[str] = None
     is_mla: Optional[bool] = None
-    attn_dp_size: int = 1
     pp_size: int = 1
     block_verification: bool = False
     vocab_size: Optional[int] = None
@@ -87,11 +85,6 @@ def ddtree_launch_refusals(launch: DDTreeLaunch) -> List[str]:
         reasons.append(
             "DDTree needs a DFlash block size >= 2 (one draft depth), "
             f"got {launch.block_size}."
-        )
-    if int(launch.attn_dp_size) > 1:
-        reasons.append(
-            "DDTree does not support --attn-dp-size > 1 yet "
-            f"(got {launch.attn_dp_size}); use plain TP (--tp-size, --ep-size)."
         )
     if int(launch.pp_size) > 1:
         reasons.append(

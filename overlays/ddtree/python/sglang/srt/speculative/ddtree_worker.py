@@ -66,6 +66,9 @@ class DDTreeVerifier:
     ):
         self.config = config
         self.eager_head = eager_head
+        # Under attention DP: the length SGLang gives a request it pads the
+        # verify batch with (``check_attention`` reads it); else None.
+        self.dp_pad_seq_len: Optional[int] = None
         # The plain sampler's filter order depends on it (ddtree_sampling).
         self.sampling_backend = sampling_backend
         self._step: Optional[DDTreeVerifyStep] = None
@@ -90,9 +93,8 @@ class DDTreeVerifier:
             is_hybrid=mambaish_config(runner.model_config) is not None,
             draft_kind=_draft_kind(worker),
             dense_lm_head=dense,
-            attn_dp=bool(get_parallel().attn_dp_enabled),
         )
-        tp_group = get_parallel().tp_group
+        tp_group = _head_group(lm_head, get_parallel())
         vocab = int(runner.model_config.vocab_size)
         head = _make_head(config, weight, shard, vocab, _tp_group_or_none(tp_group))
         logger.info(
@@ -147,14 +149,15 @@ class DDTreeVerifier:
                 "needs."
             ) from exc
 
-    @staticmethod
-    def check_attention(runner: Any) -> None:
-        """Refuse a target attention backend without a TARGET_VERIFY mask.
+    def check_attention(self, runner: Any) -> None:
+        """Refuse a target attention backend without a TARGET_VERIFY mask and,
+        under attention DP, note the length SGLang pads verify batches with.
 
         Called once the target's backends exist (the worker's
         ``init_attention_backends``).
         """
         from sglang.srt.configs.model_config import AttentionArch
+        from sglang.srt.runtime_context import get_parallel
         from sglang.srt.speculative.dflash_utils import (
             resolve_dflash_verify_mask_policy,
         )
@@ -163,6 +166,8 @@ class DDTreeVerifier:
         is_mla = runner.model_config.attention_arch == AttentionArch.MLA
         check_ddtree_attention(backend, is_mla)
         logger.info("DDTree tree verify attention: %s", backend)
+        if get_parallel().attn_dp_enabled:
+            self.dp_pad_seq_len = _dp_pad_seq_len(runner)
 
     def make_head(self, **kwargs: Any) -> DDTreeDraftHead:
         """A capture-safe head for the draft CUDA graph (worker's sampler slot)."""
@@ -182,17 +187,33 @@ class DDTreeVerifier:
         return self.eager_head.propose(draft_hidden)
 
     def prefix_lens_bound(self, batch: Any, draft_input: Any) -> int:
-        """A host upper bound on sum(prefix_lens), from host state only.
+        """A host upper bound on sum(prefix_lens), from host state only, which
+        sizes the tree mask (``ddtree_full_mask``: W * (prefix + W) per row).
 
         The scheduler's host lengths may lag the device ones by one step's
-        commit (at most block_size tokens per request) under overlap.
+        commit (at most block_size tokens per request) under overlap. Under
+        attention DP the verify batch may be padded with requests of length
+        ``dp_pad_seq_len`` up to the busiest DP rank's request count, and the
+        attention backend reads a mask block for each: the bound covers them.
         """
         if batch.seq_lens_cpu is not None:
             lag = len(batch.seq_lens_cpu) * self.config.block_size
-            return int(batch.seq_lens_cpu.sum()) + lag
-        if draft_input.nxt_kv_lens_cpu is not None:
-            return int(draft_input.nxt_kv_lens_sum)
-        return sum(int(req.kv.kv_allocated_len) for req in batch.reqs)
+            bound = int(batch.seq_lens_cpu.sum()) + lag
+        elif draft_input.nxt_kv_lens_cpu is not None:
+            bound = int(draft_input.nxt_kv_lens_sum)
+        else:
+            bound = sum(int(req.kv.kv_allocated_len) for req in batch.reqs)
+        return bound + self._dp_padding_len(batch)
+
+    def _dp_padding_len(self, batch: Any) -> int:
+        """What to add to the bound for the DP-padded requests: each reads a
+        mask block of W * (dp_pad_seq_len + W) entries, and every token added to
+        the bound adds W entries to the mask."""
+        counts = getattr(batch, "global_num_tokens", None)
+        if self.dp_pad_seq_len is None or not counts:
+            return 0
+        rows = max(int(c) for c in counts) - batch.batch_size()
+        return max(rows, 0) * (self.dp_pad_seq_len + self.config.verify_width)
 
     def build_step(
         self,
@@ -400,6 +421,31 @@ def _sync_accept(tp_sync: Any, accept: DDTreeAccept) -> DDTreeAccept:
     _sync(tp_sync, "DFLASH_ACCEPT_SAMPLE", packed)
     index, length, predicts = packed.split([bs * s, bs, accept.predicts.numel()])
     return DDTreeAccept(index.view(bs, s), length, predicts)
+
+
+def _head_group(lm_head: Any, parallel: Any) -> Any:
+    """The group the target lm_head's vocabulary is split over, which the draft
+    head's top-K merge must gather over: the attention-TP group under
+    ``--enable-dp-lm-head`` (each attention-DP replica holds the whole head,
+    split over its own attention-TP ranks), else the whole TP group.
+
+    Under attention DP the replicas run different requests, or none (an idle
+    replica runs only the target's idle verify), so a collective over the whole
+    TP group here would pair one replica's head merge with another's model
+    collectives.
+    """
+    if getattr(lm_head, "use_attn_tp_group", False):
+        return parallel.attn_tp_group
+    return parallel.tp_group
+
+
+def _dp_pad_seq_len(runner: Any) -> int:
+    """The sequence length SGLang's DP padding gives a padded request: the
+    attention backend's fill value, read as ``prepare_mlp_sync_batch`` reads it."""
+    backend = runner.attn_backend
+    if torch.device(runner.device).type == "cpu":
+        return int(backend.get_cpu_graph_seq_len_fill_value())
+    return int(backend.get_cuda_graph_seq_len_fill_value())
 
 
 def _tp_group_or_none(tp_group: Any) -> Any:

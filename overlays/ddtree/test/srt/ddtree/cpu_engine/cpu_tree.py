@@ -2,7 +2,7 @@
 
 Stock SGLang 0.5.23 serves plain models on CPU but refuses or breaks on the DFLASH
 path there. :func:`prepare_cpu_tree` copies a ``python/`` directory (the one holding
-``sglang/``) and applies six small changes to the copy, never to the tree under test:
+``sglang/``) and applies small changes to the copy, never to the tree under test:
 
 1. ``arg_groups/speculative_hook.py``: accept device ``cpu`` for DFLASH;
 2. ``arg_groups/choices.py``: allow ``torch_native`` as draft attention backend;
@@ -25,7 +25,15 @@ path there. :func:`prepare_cpu_tree` copies a ``python/`` directory (the one hol
     beside it from this directory): per-rank records of the committed tokens,
     per-rank coins, a shifted-mask control, a sibling-swapped grammar control
     and an accept-sync control, each off unless its environment variable is set
-    (see that module).
+    (see that module);
+11. attention DP on CPU (``--attn-dp-size``, with ``--ep-size``): the
+    torch_native backend's CPU fill value for padded requests; ``reduce_scatterv``
+    and ``all_gatherv`` over gloo (stock requires PyNccl); ``moe_forward_native``
+    reads expert parallel's -1 ids (another rank's expert) as weight 0; DFLASH
+    with attention DP accepted on device ``cpu``;
+12. ``speculative/dflash_worker_v2.py``: ``DDTREE_TEST_IDLE_VERIFY=skip`` makes
+    an idle DP rank skip its idle verify (a control: the busy rank's collectives
+    then have no partner).
 
 Where a test runs the target's verify through SGLang's own ``TritonAttnBackend``
 (``--attention-backend triton``), changes 3, 7 and 8 are not on its path: the
@@ -86,6 +94,7 @@ _DDTREE_RULES = "sglang/srt/speculative/ddtree_rules.py"
 _DDTREE_WORKER = "sglang/srt/speculative/ddtree_worker.py"
 _DEEPSEEK_HANDLER = "sglang/srt/models/deepseek_common/attention_backend_handler.py"
 _PARALLEL_STATE = "sglang/srt/distributed/parallel_state.py"
+_MOE_NATIVE = "sglang/srt/layers/moe/fused_moe_native.py"
 DDTREE_TORCH_NATIVE = "ddtree_rules: torch_native applies the tree mask (change 3)"
 DDTREE_TORCH_NATIVE_MLA = "ddtree_rules: torch_native applies it for MLA too"
 HOOKS = Path(__file__).resolve().parent / "ddtree_test_hooks.py"
@@ -149,6 +158,27 @@ _VERIFY_METHOD = '''
             o_[blk] = out.squeeze(0).movedim(0, 1)
 
     def forward_decode(
+'''
+
+# all_gatherv over a gloo group (stock requires PyNccl): every rank's rows padded
+# to the largest count, all_gather, then each rank's real rows in rank order.
+_CPU_ALL_GATHERV = '''
+def _cpu_all_gatherv(group, input_, sizes, output):
+    """all_gatherv over ``group``'s gloo device group (a test-only CPU change)."""
+    single = isinstance(input_, torch.Tensor)
+    gathered = []
+    for tensor in [input_] if single else input_:
+        counts = sizes or [tensor.shape[0]] * group.world_size
+        padded = tensor.new_zeros((max(counts),) + tuple(tensor.shape[1:]))
+        padded[: tensor.shape[0]] = tensor
+        parts = [torch.empty_like(padded) for _ in range(group.world_size)]
+        torch.distributed.all_gather(parts, padded, group=group.device_group)
+        rows = torch.cat([part[:n] for part, n in zip(parts, counts)])
+        if output is not None:
+            rows = output.copy_(rows)
+        gathered.append(rows)
+    return gathered[0] if single else gathered
+
 '''
 
 CHANGES: tuple[Change, ...] = (
@@ -260,6 +290,77 @@ CHANGES: tuple[Change, ...] = (
         '            use_pynccl = not (_is_npu or _is_xpu or backend == "mooncake")\n',
         '            use_pynccl = not (_is_npu or _is_xpu or backend == "mooncake")\n'
         '            use_pynccl = use_pynccl and backend != "gloo"  # test-only CPU\n',
+    ),
+    Change(
+        "torch_native: the DP padding's seq-len fill value on CPU",
+        _TORCH_NATIVE,
+        "class TorchNativeAttnBackend(AttentionBackend):\n",
+        "class TorchNativeAttnBackend(AttentionBackend):\n"
+        "    def get_cpu_graph_seq_len_fill_value(self):  # test-only CPU change\n"
+        "        return 1\n\n",
+    ),
+    Change(
+        "parallel_state: reduce_scatterv over gloo (all-reduce, then this rank's rows)",
+        _PARALLEL_STATE,
+        "        if envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.get():\n"
+        "            return self._deterministic_reduce_scatterv(input_, output, sizes)\n",
+        "        if envs.SGLANG_ENABLE_DETERMINISTIC_INFERENCE.get() or (\n"
+        "            pynccl_comm is None  # test-only CPU change: gloo groups\n"
+        "        ):\n"
+        "            return self._deterministic_reduce_scatterv(input_, output, sizes)\n",
+    ),
+    Change(
+        "parallel_state: all_gatherv over gloo (padded all_gather)",
+        _PARALLEL_STATE,
+        "        with pynccl_comm.change_state(enable=True):\n"
+        "            assert pynccl_comm is not None and not pynccl_comm.disabled, (\n"
+        '                "pynccl is required for all_gatherv"\n',
+        "        if pynccl_comm is None:  # test-only CPU change: gloo groups\n"
+        "            return _cpu_all_gatherv(self, input_, sizes, output)\n"
+        "        with pynccl_comm.change_state(enable=True):\n"
+        "            assert pynccl_comm is not None and not pynccl_comm.disabled, (\n"
+        '                "pynccl is required for all_gatherv"\n',
+    ),
+    Change(
+        "parallel_state: the gloo all_gatherv itself",
+        _PARALLEL_STATE,
+        "\nclass GroupCoordinator:\n",
+        _CPU_ALL_GATHERV + "\nclass GroupCoordinator:\n",
+    ),
+    Change(
+        "fused_moe_native: expert parallel's -1 ids (experts on other ranks)",
+        _MOE_NATIVE,
+        "    topk_weights, topk_ids, _ = topk_output\n\n    # Ref code from",
+        "    topk_weights, topk_ids, _ = topk_output\n"
+        "    # Test-only CPU change: under --ep-size > 1, id -1 is another rank's\n"
+        "    # expert; it adds nothing here (the EP combine sums the ranks).\n"
+        "    off_rank = topk_ids < 0\n"
+        "    topk_weights = topk_weights.masked_fill(off_rank, 0)\n"
+        "    topk_ids = topk_ids.masked_fill(off_rank, 0)\n\n    # Ref code from",
+    ),
+    Change(
+        "fused_moe_native: count a token's repeated expert id once per slot",
+        _MOE_NATIVE,
+        "    cnts.scatter_(1, topk_ids.to(torch.int64), 1)\n",
+        "    cnts.scatter_add_(  # test-only CPU change: ids may repeat (-1 -> 0)\n"
+        "        1, topk_ids.to(torch.int64), torch.ones_like(cnts)\n"
+        "    )\n",
+    ),
+    Change(
+        "speculative_hook: DFLASH with attention DP on device cpu",
+        _SPEC_HOOK,
+        '        if not cfg.device.startswith("cuda"):\n'
+        '            raise ValueError("DFLASH with dp attention requires CUDA or NPU.")\n',
+        '        if not (cfg.device.startswith("cuda") or cfg.device == "cpu"):\n'
+        '            raise ValueError("DFLASH with dp attention requires CUDA or NPU.")\n',
+    ),
+    Change(
+        "dflash_worker_v2: DDTREE_TEST_IDLE_VERIFY=skip drops the idle verify (control)",
+        _DFLASH_WORKER,
+        "            if get_parallel().attn_dp_enabled:\n",
+        "            if get_parallel().attn_dp_enabled and (\n"
+        '                os.environ.get("DDTREE_TEST_IDLE_VERIFY") != "skip"  # test-only\n'
+        "            ):\n",
     ),
     Change(
         "ddtree_worker: test hooks (rank records, per-rank coins, mask control)",
