@@ -34,7 +34,8 @@ COMPONENTS = (
     "import torch 2.13.0",
     "import nvcc ",
     "import tvm-ffi link inputs libtvm_ffi ",
-    "import GPU check parts part_a_build part_b_exactness ",
+    "import GPU check parts part_a_build part_b_exactness part_c_timing part_d_attention part_e_head "
+    "part_f_memory part_g_verify_width ",
 )
 
 needs_base = pytest.mark.skipif(not BASE.is_dir(), reason=f"no SGLang 0.5.23 base tree at {BASE}")

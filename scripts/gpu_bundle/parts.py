@@ -1,4 +1,4 @@
-"""Parts (a)-(f) of the DDTree GPU check on one CUDA GPU, one table per part.
+"""Parts (a)-(g) of the DDTree GPU check on one CUDA GPU, one table per part.
 
 run.py calls run_all after the imports. The random batches, the CPU reference, the first
 difference and the CUDA-event timer come from scripts/gpu_check.py (carried beside this file).
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import gpu_check
@@ -33,6 +34,15 @@ KIMI_VOCAB = 163_840
 KIMI_HIDDEN = 7168
 BLOCK = 16  # DFlash block: the draft head fills BLOCK - 1 depths
 ATOL = RTOL = 2e-2  # bf16 attention output vs the float32 dense reference
+# Kimi K2's MLA per attention-DP rank (attention TP 1): all 64 query heads (DeepSeek-V3 has 128),
+# one latent KV head; qk dim kv_lora_rank 512 + qk_rope_head_dim 64, V the 512 latent columns.
+KIMI_HEADS = 64
+KIMI_MLA_HEADS = (KIMI_HEADS, 1)
+KIMI_MLA_DIMS = (576, 512)
+TREE_WIDTHS = (16, 33, 65, 129)  # DDTree verify widths W = budget + 1: budgets 15, 32, 64, 128
+VERIFY_BATCHES = (1, 8, 48)
+VERIFY_PREFIXES = (4096, 32768)
+TIMING_REPEATS, TIMING_ITERS = 5, 3  # median of 5 gpu_check.timed calls, each a mean of 3
 
 
 @dataclass
@@ -61,7 +71,8 @@ def _run_part(fn: Callable[[], Part], say: Callable[[str], None]) -> Part:
     try:
         part = fn()
     except Exception as exc:  # one broken part must not hide the others' tables
-        part = Part(fn.__doc__ or fn.__name__, ("error",), [(f"{type(exc).__name__}: {exc}",)])
+        title = (fn.__doc__ or fn.__name__).strip().splitlines()[0]
+        part = Part(title, ("error",), [(f"{type(exc).__name__}: {exc}",)])
         part.exact = False
     verdict = "ok" if part.exact else "FAILED"
     say(f"{part.title}: {verdict} ({time.monotonic() - start:.1f}s)")
@@ -219,22 +230,38 @@ def tree_masks(gen, prefix: torch.Tensor, budget: int) -> tuple[torch.Tensor, to
 
 
 def attention_case(gen, prefix: torch.Tensor, n: int, heads: tuple, dims: tuple) -> AttentionCase:
+    """prefix int64 [bs] on CPU; gen a CPU or CUDA generator (CUDA: the large KV pools draw fast)."""
+    return AttentionCase(**extend_inputs(gen, prefix, n, heads, dims), **prefix_inputs(gen, prefix, heads[1], dims))
+
+
+def bf16_randn(gen, *shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen, device=gen.device).to("cuda", torch.bfloat16)
+
+
+def extend_inputs(gen, prefix: torch.Tensor, n: int, heads: tuple, dims: tuple) -> dict:
+    """The N verify tokens per request: q, k, v, qo_indptr, mask_indptr (see AttentionCase)."""
     (h, hkv), (dk, dv), bs = heads, dims, prefix.shape[0]
-    total = int(prefix.sum())
-    rand = lambda *shape: torch.randn(*shape, generator=gen).to("cuda", torch.bfloat16)
-    pool = total + 64
     zero = torch.zeros(1, dtype=torch.int64)
-    return AttentionCase(
-        q=rand(bs * n, h, dk),
-        k=rand(bs * n, hkv, dk),
-        v=rand(bs * n, hkv, dv),
-        k_buffer=rand(pool, hkv, dk),
-        v_buffer=rand(pool, hkv, dv),
+    return dict(
+        q=bf16_randn(gen, bs * n, h, dk),
+        k=bf16_randn(gen, bs * n, hkv, dk),
+        v=bf16_randn(gen, bs * n, hkv, dv),
         qo_indptr=(torch.arange(bs + 1) * n).to("cuda", torch.int32),
-        kv_indptr=torch.cat([zero, prefix.cumsum(0)]).to("cuda", torch.int32),
-        kv_indices=torch.randperm(pool, generator=gen)[:total].to("cuda", torch.int32),
         mask_indptr=torch.cat([zero, (n * (prefix + n)).cumsum(0)]).to("cuda", torch.int64),
         n=n,
+    )
+
+
+def prefix_inputs(gen, prefix: torch.Tensor, hkv: int, dims: tuple) -> dict:
+    """The prefix KV, scattered over a pool: k_buffer, v_buffer, kv_indptr, kv_indices."""
+    (dk, dv), total = dims, int(prefix.sum())
+    pool = total + 64
+    zero = torch.zeros(1, dtype=torch.int64)
+    return dict(
+        k_buffer=bf16_randn(gen, pool, hkv, dk),
+        v_buffer=bf16_randn(gen, pool, hkv, dv),
+        kv_indptr=torch.cat([zero, prefix.cumsum(0)]).to("cuda", torch.int32),
+        kv_indices=torch.randperm(pool, generator=gen, device=gen.device)[:total].to("cuda", torch.int32),
     )
 
 
@@ -244,13 +271,21 @@ def output_buffer(case: AttentionCase) -> torch.Tensor:
     return torch.empty(shape, dtype=torch.bfloat16, device="cuda")
 
 
-def triton_attention(case: AttentionCase, mask: torch.Tensor, out: torch.Tensor) -> None:
+def triton_attention(
+    case: AttentionCase, mask: torch.Tensor | None, out: torch.Tensor, target_verify: bool = False
+) -> None:
+    """out [bs * N, H, Dv] = SGLang's extend attention over the case, reading mask (None: no custom mask).
+
+    target_verify=False (part d): no causal bound and every mask column read, so the whole mask is checked.
+    target_verify=True: the flags SGLang's TritonAttnBackend passes on TARGET_VERIFY: is_causal=True and
+    the kernel's default skip_prefix_custom_mask=True (the mask's prefix columns are not read).
+    """
     from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
 
     extend_attention_fwd(
         case.q, case.k, case.v, out, case.k_buffer, case.v_buffer,
-        case.qo_indptr, case.kv_indptr, case.kv_indices, mask, False, case.mask_indptr,
-        case.n, 1.0, 1.0, skip_prefix_custom_mask=False,
+        case.qo_indptr, case.kv_indptr, case.kv_indices, mask, target_verify, case.mask_indptr,
+        case.n, 1.0, 1.0, skip_prefix_custom_mask=target_verify,
     )  # fmt: skip
 
 
@@ -403,6 +438,126 @@ def part_f_memory(bs: int = 48, budget: int = 64) -> Part:
     return Part(f"(f) peak memory above the inputs, bs {bs}", ("path", "MiB", "what"), rows)
 
 
+@dataclass(frozen=True)
+class VerifyShape:
+    """One verify launch: bs requests with prefix cached tokens each, verifying width tokens each."""
+
+    bs: int
+    prefix: int
+    width: int
+    tree: bool  # True: DDTree with its FULL_MASK; False: linear DFlash's causal block, no mask
+
+    @property
+    def kind(self) -> str:
+        return f"DDTree B={self.width - 1}" if self.tree else "linear DFlash"
+
+    @property
+    def mask_bytes(self) -> int:
+        """FULL_MASK bytes the DDTree kernel writes per step: bool, bs * W * (prefix + W); linear none."""
+        return self.bs * self.width * (self.prefix + self.width) if self.tree else 0
+
+
+@dataclass
+class VerifyTiming:
+    shape: VerifyShape
+    us: float | None  # None: the row did not run, why says so
+    why: str = ""
+    failed: bool = False  # it raised (not merely out of memory)
+
+
+def verify_shapes(bs: int, prefix: int) -> list[VerifyShape]:
+    linear = VerifyShape(bs, prefix, BLOCK, tree=False)
+    return [linear, *(VerifyShape(bs, prefix, width, tree=True) for width in TREE_WIDTHS)]
+
+
+def latent_kv(case: AttentionCase) -> AttentionCase:
+    """MLA as SGLang caches it: V is a view of the latent K's first Dv columns (one buffer)."""
+    dv = case.v.shape[-1]
+    return replace(case, v=case.k[..., :dv].contiguous(), v_buffer=case.k_buffer[..., :dv])
+
+
+def tree_verify_mask(shape: VerifyShape, prefix_lens: torch.Tensor) -> torch.Tensor:
+    """The row's FULL_MASK from the DDTree kernel, bool [bs * W * (prefix + W)] (depth 15, K = 8)."""
+    gen = torch.Generator().manual_seed(shape.bs + shape.width)
+    mask = tree_mask(gen, prefix_lens, shape.width - 1)
+    if mask.dtype != torch.bool or mask.numel() != shape.mask_bytes:
+        raise ValueError(f"expected a bool FULL_MASK of {shape.mask_bytes} elements, got {mask.dtype} x {mask.numel()}")
+    return mask
+
+
+def time_verify(prefix_case: AttentionCase, gen, shape: VerifyShape, prefix_lens: torch.Tensor) -> float:
+    """Microseconds per extend_attention_fwd call (one layer) for the shape, on the shared prefix KV."""
+    extend = extend_inputs(gen, prefix_lens, shape.width, KIMI_MLA_HEADS, KIMI_MLA_DIMS)
+    case = latent_kv(replace(prefix_case, **extend))
+    mask = tree_verify_mask(shape, prefix_lens) if shape.tree else None
+    out = output_buffer(case)
+    call = lambda: triton_attention(case, mask, out, target_verify=True)
+    return statistics.median(gpu_check.timed(torch, call, TIMING_ITERS) for _ in range(TIMING_REPEATS))
+
+
+def verify_timing(prefix_case: AttentionCase, gen, shape: VerifyShape, prefix_lens: torch.Tensor) -> VerifyTiming:
+    """One row; a row that does not fit or fails says so, and the next row still runs."""
+    try:
+        return VerifyTiming(shape, time_verify(prefix_case, gen, shape, prefix_lens))
+    except torch.cuda.OutOfMemoryError:
+        return VerifyTiming(shape, None, "does not fit in GPU memory")
+    except Exception as exc:  # one broken row must not hide the others
+        return VerifyTiming(shape, None, f"{type(exc).__name__}: {exc}"[:160], failed=True)
+
+
+def verify_group(bs: int, prefix: int) -> list[VerifyTiming]:
+    """Linear DFlash, then every tree width, on one prefix KV (same lengths, same cache), then freed."""
+    shapes = verify_shapes(bs, prefix)
+    prefix_lens = torch.full((bs,), prefix, dtype=torch.int64)
+    gen = torch.Generator(device="cuda").manual_seed(bs * 100_000 + prefix)
+    try:
+        prefix_case = latent_kv(attention_case(gen, prefix_lens, BLOCK, KIMI_MLA_HEADS, KIMI_MLA_DIMS))
+    except torch.cuda.OutOfMemoryError:
+        return [VerifyTiming(shape, None, "prefix KV does not fit in GPU memory") for shape in shapes]
+    timings = [verify_timing(prefix_case, gen, shape, prefix_lens) for shape in shapes]
+    del prefix_case
+    torch.cuda.empty_cache()
+    return timings
+
+
+def verify_row(timing: VerifyTiming, linear_us: float | None) -> tuple:
+    shape, us = timing.shape, timing.us
+    ratio = f"{us / linear_us:.2f}x" if us is not None and linear_us else "-"
+    us_cell = f"{us:.1f}" if us is not None else timing.why
+    return (shape.kind, shape.width, shape.bs, shape.prefix, us_cell, ratio, f"{shape.mask_bytes:,}")
+
+
+def verify_rows(timings: list[VerifyTiming]) -> list[tuple]:
+    """Each row against linear DFlash's row at the same bs and prefix."""
+    linear = {(t.shape.bs, t.shape.prefix): t.us for t in timings if not t.shape.tree}
+    return [verify_row(t, linear[t.shape.bs, t.shape.prefix]) for t in timings]
+
+
+def part_g_verify_width() -> Part:
+    """(g) verify attention width: Kimi MLA under attention DP, DDTree widths vs linear DFlash
+
+    Decides which DDTree budgets pay for their verify attention on this GPU (B300, RTX PRO 6000)
+    when Kimi K2.6 runs attention DP (EP8 topologies: attention TP 1, so all 64 query heads and
+    the one latent KV head on each GPU). Per row, SGLang's Triton extend_attention_fwd called as
+    its TritonAttnBackend calls it on TARGET_VERIFY (one layer; a step runs it once per layer):
+    linear DFlash verifies its block of BLOCK tokens causally without a custom mask; DDTree
+    verifies W = budget + 1 tokens through the kernel-built FULL_MASK. "vs linear" divides by
+    linear DFlash's time at the same bs and prefix; "mask bytes/step" is the bool FULL_MASK the
+    DDTree kernel writes once per step (bs * W * (prefix + W)). A row that does not fit in GPU
+    memory says so; a row that raises fails the part, the other rows still run.
+    """
+    grid = itertools.product(VERIFY_BATCHES, VERIFY_PREFIXES)
+    timings = [timing for bs, prefix in grid for timing in verify_group(bs, prefix)]
+    mla = f"H {KIMI_MLA_HEADS[0]}/{KIMI_MLA_HEADS[1]}, D {KIMI_MLA_DIMS[0]}/{KIMI_MLA_DIMS[1]}, bf16"
+    title = (
+        f"(g) verify attention per layer, Kimi K2 MLA under attention DP ({mla}): "
+        f"linear DFlash W = {BLOCK} causal (dflash_block_size {BLOCK}) vs DDTree W = budget + 1 with its "
+        f"bool FULL_MASK; us = median of {TIMING_REPEATS} x mean of {TIMING_ITERS} calls"
+    )
+    header = ("verify", "W", "bs", "prefix", "us", "vs linear", "mask bytes/step")
+    return Part(title, header, verify_rows(timings), exact=not any(t.failed for t in timings))
+
+
 PARTS = (
     part_a_build,
     part_b_exactness,
@@ -410,4 +565,5 @@ PARTS = (
     part_d_attention,
     part_e_head,
     part_f_memory,
+    part_g_verify_width,
 )

@@ -5,7 +5,7 @@
 
 Installs the carried wheels into gpu-check/site (pip --no-index --no-deps --target),
 imports the DDTree modules and SGLang's JIT loader and Triton attention kernels without
-SGLang's package init (shells.py), prints one line per component, then runs parts (a)-(f)
+SGLang's package init (shells.py), prints one line per component, then runs parts (a)-(g)
 of parts.py on the GPU, one table per part. nvcc comes from $CUDA_HOME / $CUDA_PATH, else
 PATH, the way SGLang's loader resolves it. Exit: 0 every comparison exact; 1 a comparison
 failed or a component is missing; 2 no CUDA device.
