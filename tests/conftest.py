@@ -45,6 +45,7 @@ LONG_GROUPS = (
     "test_serving.py",
     "cpu-engine-mla",
     "cpu-engine-sampling",
+    "cpu-engine-dp",
     "test_build.py",
     "test_launch.py",
     "test_remote_test.py",

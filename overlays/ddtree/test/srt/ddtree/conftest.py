@@ -78,6 +78,7 @@ OWN_GROUPS = {
     "test_ddtree_engine_mla.py": "cpu-engine-mla",
     "test_ddtree_engine_sampling.py": "cpu-engine-sampling",
     "test_ddtree_engine_tp2_sampling.py": "cpu-engine-sampling",
+    "test_ddtree_engine_dp.py": "cpu-engine-dp",
 }
 
 
