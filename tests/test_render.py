@@ -3,6 +3,7 @@ multi-node layout, value precedence and --explain, StrictUndefined."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -133,9 +134,8 @@ def test_every_flag_is_a_real_sglang_0_5_23_flag_except_the_two_overlay_flags(sg
     for (name, _), res in zip(scripts.items(), results, strict=True):
         assert "error" not in res, f"{name}: {res}"
         unknown = {w for w in res["rest"] if w.startswith("--")}
-        # Linear DFlash scripts (tree_budget 0, e.g. attention DP) carry no overlay flag at all.
-        assert unknown in (OVERLAY_FLAGS, set()), f"{name}: flags SGLang 0.5.23 does not know: {unknown}"
-        assert unknown or "-ep" in name, f"{name}: a DDTree topology rendered without the tree flags"
+        # Every shipped topology serves DDTree (attention DP too): the two overlay flags, nothing else.
+        assert unknown == OVERLAY_FLAGS, f"{name}: flags SGLang 0.5.23 does not know: {unknown - OVERLAY_FLAGS}"
     ep8 = results[list(scripts).index("b300-ep8.sh")]["args"]
     assert (ep8["tp_size"], ep8["attn_dp_size"], ep8["ep_size"], ep8["enable_dp_lm_head"]) == (8, 8, 8, True)
     assert (ep8["moe_a2a_backend"], ep8["deepep_mode"], ep8["attention_backend"]) == ("deepep", "auto", "triton")
@@ -161,7 +161,6 @@ def test_gpu_counts_that_do_not_divide_are_refused_naming_the_value():
     assert "[b300] tp_size 16 / nnodes 1 x replicas 1 needs 16 GPUs per node, but gpu.count is 8" in _error(
         "b300", "tp8", "tp_size=16"
     )
-    assert "attn_dp_size 3 does not divide tp_size 8" in _error("b300", "ep8", "attn_dp_size=3")
     assert "ep_size 4 must be 1 or equal tp_size 8" in _error("b300", "tp8", "ep_size=4")
     assert "tp_size 16 does not divide over nnodes 3" in str(
         pytest.raises(RenderError, render_plan, [PAIRS.get("b300-a")] * 3, "tp16-2node", ["nnodes=3"]).value
@@ -190,7 +189,6 @@ def test_an_attention_backend_that_cannot_apply_the_tree_mask_is_refused():
     )
     assert "moe_a2a_backend 'deepep' cannot run here" in _error("rtx6000", "ep8")
     assert "draft_attention_backend 'flashmla'" in _error("b300", "tp8", "draft_attention_backend=flashmla")
-    assert "needs enable_dp_lm_head=true" in _error("b300", "ep8", "enable_dp_lm_head=false")
     assert "accept_threshold_acc must be in (0, 1]" in _error("b300", "tp8", "accept_threshold_acc=0")
 
 
@@ -207,7 +205,6 @@ def _launch_from_argv(rules, argv: list[str]):
         block_size=int(flags["--speculative-dflash-block-size"]),
         verify_backend=flags["--attention-backend"],
         is_mla=True,
-        attn_dp_size=int(flags.get("--attn-dp-size", 1)),
     )
 
 
@@ -222,22 +219,40 @@ def test_every_shipped_script_is_one_the_ddtree_server_would_start():
         launch = _launch_from_argv(rules, _argv(script))
         with_tree += launch.budget is not None
         assert rules.ddtree_launch_refusals(launch) == [], rel
-    assert with_tree >= 5  # tp8, ep4 and tp16-2node render DDTree
+    assert with_tree == len(scripts)  # every topology renders DDTree, attention DP (ep8, ep16-2node) too
 
 
-@pytest.mark.parametrize(
-    "inventory,host,topology",
-    [(SHIPPED, "b300", "ep8"), (PAIRS, "b300-a", "ep16-2node")],
-)
-def test_attention_dp_with_ddtree_is_refused_naming_the_rule_and_the_topology(inventory, host, topology):
-    hosts = [inventory.get(host)] if topology == "ep8" else [PAIRS.get("b300-a"), PAIRS.get("b300-b")]
-    with pytest.raises(RenderError) as exc:
-        render_plan(hosts, topology, ["tree_budget=64"])
-    msg = str(exc.value)
-    assert f"topology {topology}: SGLang would refuse this DDTree launch" in msg
-    assert "DDTree does not support --attn-dp-size > 1 yet" in msg
-    # The shipped topology itself serves linear DFlash (tree_budget 0), which the server takes.
-    assert render_plan(hosts, topology)
+def _ep_hosts(topology: str):
+    return [SHIPPED.get("b300")] if topology == "ep8" else [PAIRS.get("b300-a"), PAIRS.get("b300-b")]
+
+
+@pytest.mark.parametrize("topology,dp", [("ep8", 8), ("ep16-2node", 16)])
+def test_attention_dp_topologies_render_ddtree_with_the_hardware_profiles_budget(topology, dp):
+    hw = load_profiles().hardware["b300-nvlink"].values
+    units = render_plan(_ep_hosts(topology), topology)
+    assert len(units) == dp // 8
+    for unit in units:
+        argv = _argv(unit.script)
+        flags = dict(itertools.pairwise(argv))
+        assert flags["--speculative-dflash-tree-budget"] == str(hw["tree_budget"]) == "128"
+        assert flags["--speculative-dflash-tree-topk"] == str(hw["tree_topk"]) == "8"
+        assert (flags["--tp-size"], flags["--attn-dp-size"], flags["--ep-size"]) == (str(dp),) * 3
+        assert "--enable-dp-lm-head" in argv and flags["--moe-a2a-backend"] == "deepep"
+        src = {v.key: v.source for v in unit.values}
+        assert src["tree_budget"] == src["tree_topk"] == "hardware profile b300-nvlink"
+    # Linear DFlash stays one --set away, and the server takes it.
+    for unit in render_plan(_ep_hosts(topology), topology, ["tree_budget=0"]):
+        argv = _argv(unit.script)
+        assert not OVERLAY_FLAGS & set(argv) and "--enable-dp-lm-head" in argv
+        assert unit.memory is None
+
+
+def test_the_newest_release_takes_attention_dp():
+    """ep8 and ep16-2node render DDTree because the released rules no longer know attention DP
+    (ddtree 0.2.12 on). Were an older release the newest, the tool would pass DP scripts its
+    server refuses (render no longer hands the rules attn_dp_size): this fails instead."""
+    _, rules = load_rules()
+    assert "attn_dp_size" not in {f.name for f in dataclasses.fields(rules.DDTreeLaunch)}
 
 
 def test_the_rules_come_from_the_newest_release():
@@ -247,13 +262,39 @@ def test_the_rules_come_from_the_newest_release():
     assert source == "ddtree_rules.py" and hasattr(rules, "ddtree_launch_refusals")
 
 
-def test_render_and_launch_refuse_before_touching_a_host(cli):
-    run_cli = cli
-    result = run_cli("render", "--host", "b300", "--topology", "ep8", "--set", "tree_budget=64")
-    assert result.code == 9, result
-    assert result.stderr.count("\n") == 1 and "--attn-dp-size > 1 yet" in result.stderr
-    result = run_cli("launch", "--host", "b300", "--topology", "ep8", "--set", "tree_budget=64")
-    assert result.code == 9 and "--attn-dp-size > 1 yet" in result.stderr, result
+def test_render_and_launch_refuse_an_over_budget_dp_launch_before_touching_a_host(cli):
+    """As for TP (exit 9, one line): launch renders before it connects (b300's address is a
+    placeholder, so getting past the render would be a connection error, not this one)."""
+    sets = ("--set", "max_running_requests=384", "--set", "tree_budget=512")
+    for command in ("render", "launch"):
+        result = cli(command, "--host", "b300", "--topology", "ep8", *sets)
+        assert result.code == 9, result
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith("ddeploy: error: [b300] topology ep8: DDTree's verify buffers need ~21.99 GiB")
+        assert "per DP rank, for its max_running_requests 384 / attn_dp_size 8 = 48 requests" in result.stderr
+    # The same TP launch is refused the same way, its estimate per GPU.
+    result = cli("launch", "--host", "b300", "--topology", "tp8", "--set", "tree_budget=512")
+    assert result.code == 9 and "need ~21.99 GiB per GPU (the verify logits" in result.stderr, result
+
+
+@pytest.mark.parametrize(
+    "sets,server_words",
+    [
+        # SGLang 0.5.23, arg_groups/speculative_hook.py (_handle_dflash): its ValueError.
+        (["enable_dp_lm_head=false"], '"DFLASH with dp attention requires --enable-dp-lm-head."'),
+        # arg_groups/parallel_hook.py (_handle_data_parallelism): a bare assert, no message of its own.
+        (["attn_dp_size=3"], '"assert cfg.tp_size % cfg.attn_dp_size == 0" fails, an AssertionError without a message'),
+    ],
+)
+def test_dp_launches_sglang_refuses_are_refused_in_its_words_at_render_and_launch(cli, sets, server_words):
+    msg = _error("b300", "ep8", *sets)
+    assert msg.startswith("[b300] topology ep8: SGLang 0.5.23 would refuse this launch: " + server_words)
+    assert "\n" not in msg
+    for command in ("render", "launch"):
+        result = cli(command, "--host", "b300", "--topology", "ep8", *(a for s in sets for a in ("--set", s)))
+        assert result.code == 9 and result.stderr == f"ddeploy: error: {msg}\n", result
+    # Both are server refusals of attention DP, not of DDTree: linear DFlash is refused alike.
+    assert server_words in _error("b300", "ep8", *sets, "tree_budget=0")
 
 
 def test_unknown_topology_lists_the_valid_ones():
@@ -449,6 +490,51 @@ def test_tree_memory_estimate_of_the_shipped_profiles(host, width, total_gib, he
     assert logits == 48 * width * 163_840 * 4 and mask == 48 * width * (262_144 + width)
     assert sampling == (2**26 // (width * 163_840)) * width * 163_840 * 4 * 3  # memory-light
     assert round(m.total / 2**30, 2) == total_gib and round(m.headroom / 2**30, 2) == headroom_gib
+
+
+def test_tree_memory_under_attention_dp_is_per_dp_rank():
+    """ep8 on a B300: each of the 8 DP ranks (one GPU) verifies 48 // 8 = 6 requests, W = 129,
+    with the whole 163,840-token vocabulary (attention-TP size 1; gathered over it in general)."""
+    (unit,) = _render("b300", "ep8")
+    m = unit.memory
+    assert (m.width, m.requests, m.attn_dp_size, m.per_dp_rank) == (129, 6, 8, True)
+    logits, mask, sampling = (t.bytes for t in m.terms)
+    assert logits == 6 * 129 * 163_840 * 4 == 507_248_640  # 0.47 GiB
+    assert mask == 6 * 129 * (262_144 + 129) == 202_999_302  # 0.19 GiB
+    # 6 x 129 x 163,840 = 126,812,160 elements > 2^26: memory-light, 2^26 // (129 x 163,840) = 3 requests.
+    assert m.terms[2].name == "sampling (memory-light)" and sampling == 3 * 129 * 163_840 * 4 * 3 == 760_872_960
+    assert m.total == 1_471_120_902 and m.fits  # 1.37 GiB of 21.60
+    # ep16-2node: 48 // 16 = 3 requests per DP rank, dense sampling (63,406,080 elements).
+    for node in render_plan([PAIRS.get("b300-a"), PAIRS.get("b300-b")], "ep16-2node"):
+        assert node.memory.requests == 3 and node.memory.terms[2].name == "sampling (dense)"
+    # SGLang's split floors, and gives every DP rank at least one request.
+    assert _render("b300", "ep8", "max_running_requests=4")[0].memory.requests == 1
+    assert _render("b300", "ep8", "max_running_requests=20")[0].memory.requests == 2
+    # Attention-TP 2 (tp 8, attn_dp 4): 12 requests, the logits still over the whole vocabulary.
+    (half,) = _render("b300", "ep8", "attn_dp_size=4")
+    assert half.memory.requests == 12 and half.memory.terms[0].bytes == 12 * 129 * 163_840 * 4
+
+
+def test_a_budget_the_tp_layout_refuses_fits_per_dp_rank():
+    """tree_budget 512 on a B300: TP 8 verifies all 48 requests per GPU (refused), EP 8's DP ranks 6."""
+    assert "need ~21.99 GiB per GPU" in _error("b300", "tp8", "tree_budget=512")
+    (unit,) = _render("b300", "ep8", "tree_budget=512")
+    assert round(unit.memory.total / 2**30, 2) == 3.57
+
+
+def test_explain_labels_the_dp_estimate_per_dp_rank(cli):
+    result = cli("render", "--host", "b300", "--topology", "ep8", "--explain")
+    assert result.code == 0, result
+    lines = [ln.split() for ln in result.stdout.splitlines()]
+    assert ["unit", "DDTree", "verify", "memory", "per", "DP", "rank", "estimate", "of", "headroom"] in lines
+    assert ["b300-ep8", "verify", "logits", "0.47", "GiB", "1%"] in lines
+    assert ["b300-ep8", "tree", "mask", "0.19", "GiB", "0%"] in lines
+    assert ["b300-ep8", "sampling", "(memory-light)", "0.71", "GiB", "2%"] in lines
+    total = "b300-ep8 total per DP rank (W = 129, 6 requests = 48 / attn_dp_size 8) 1.37 GiB 3%".split()
+    assert total in lines
+    assert any(ln[:3] == ["b300-ep8", "headroom", "(1"] and "43.20" in ln for ln in lines)
+    tp = cli("render", "--host", "b300", "--topology", "tp8", "--explain").stdout
+    assert "DDTree verify memory per GPU" in tp and "per DP rank" not in tp
 
 
 def test_a_tree_that_does_not_fit_is_refused_naming_the_dominant_term():

@@ -62,7 +62,7 @@ def render(app: AppContext, hosts, group, topology, sets, out_dir, explain, rend
         memory = rd.memory_rows(units)
         if memory:
             click.echo()
-            click.echo(table(memory, ["unit", "DDTree verify memory per GPU", "estimate", "of headroom"]))
+            click.echo(table(memory, ["unit", rd.memory_heading(units), "estimate", "of headroom"]))
     elif out_dir:
         for path in rd.write_units(units, Path(out_dir)):
             say(f"wrote {path}")

@@ -27,6 +27,7 @@ __all__ = [
     "write_units",
     "explain_rows",
     "memory_rows",
+    "memory_heading",
     "load_profiles",
     "parse_sets",
     "Value",
@@ -46,7 +47,7 @@ class RenderedUnit:
     script: str
     env: str
     values: tuple[Value, ...]
-    memory: TreeMemory | None = None  # DDTree's verify buffers per GPU (None: off or no GPU size)
+    memory: TreeMemory | None = None  # DDTree's verify buffers per GPU / DP rank (None: off or no GPU size)
 
     @property
     def script_file(self) -> str:
@@ -178,15 +179,30 @@ def launch_dir_for(host: Host, sets: list[str] | tuple[str, ...] = ()) -> str:
 
 
 def memory_rows(units: list[RenderedUnit]) -> list[list[str]]:
-    """unit, term, per-GPU estimate, share of SGLang's headroom (what `--explain` adds)."""
+    """unit, term, estimate per GPU (attention DP: per DP rank, one GPU), share of SGLang's
+    headroom (what `--explain` adds)."""
     rows = []
     for unit in (u for u in units if u.memory is not None):
         m = unit.memory
         for term in m.terms:
             rows.append([unit.name, term.name, gib(term.bytes), f"{term.bytes / m.headroom:.0%}"])
-        rows.append([unit.name, f"total (W = {m.width})", gib(m.total), f"{m.total / m.headroom:.0%}"])
+        if m.per_dp_rank:
+            total = (
+                f"total per DP rank (W = {m.width}, {m.requests} requests = "
+                f"{m.max_running_requests} / attn_dp_size {m.attn_dp_size})"
+            )
+        else:
+            total = f"total (W = {m.width})"
+        rows.append([unit.name, total, gib(m.total), f"{m.total / m.headroom:.0%}"])
         rows.append([unit.name, "headroom (1 - mem_fraction_static)", gib(m.headroom), "tree may use 50%"])
     return rows
+
+
+def memory_heading(units: list[RenderedUnit]) -> str:
+    """The --explain estimate's column title: per GPU (plain TP), per DP rank (attention DP)."""
+    dp = {u.memory.per_dp_rank for u in units if u.memory is not None}
+    scope = "per GPU or DP rank" if len(dp) > 1 else "per DP rank" if dp == {True} else "per GPU"
+    return f"DDTree verify memory {scope}"
 
 
 def explain_rows(units: list[RenderedUnit]) -> list[list[str]]:

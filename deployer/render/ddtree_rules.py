@@ -57,7 +57,6 @@ def launch_refusals(v: dict[str, Any]) -> list[str]:
         block_size=v["dflash_block_size"],
         verify_backend=v["attention_backend"],
         is_mla=v["model_attention"] == "mla",
-        attn_dp_size=v["attn_dp_size"],
     )
     return rules.ddtree_launch_refusals(launch)
 

@@ -31,6 +31,12 @@ SHARED_KEYS = (
     "speculative_algorithm",
 )
 MODEL_ATTENTION = ("mla", "mha")
+# What SGLang 0.5.23 itself refuses at argument resolution, in its own words (python/sglang/srt/).
+SERVER_REFUSES = "SGLang 0.5.23 would refuse this launch"
+DFLASH_DP_LM_HEAD = "DFLASH with dp attention requires --enable-dp-lm-head."
+DFLASH_DP_LM_HEAD_SOURCE = "arg_groups/speculative_hook.py, _handle_dflash"
+DP_DIVIDES_TP_ASSERT = "assert cfg.tp_size % cfg.attn_dp_size == 0"
+DP_DIVIDES_TP_SOURCE = "arg_groups/parallel_hook.py, _handle_data_parallelism"
 DRAFT_ATTENTION_BACKENDS = ("flashinfer", "fa3", "fa4", "triton", "trtllm_mha")  # SGLang 0.5.23 choices.py
 
 
@@ -66,14 +72,19 @@ def _positive(values: dict[str, Any], *keys: str) -> None:
             raise RenderError(f"{key} must be at least 1 (got {values[key]})")
 
 
-def check_gpu_counts(host: Host, v: dict[str, Any]) -> None:
+def check_gpu_counts(host: Host, topology: Topology, v: dict[str, Any]) -> None:
     _positive(v, "tp_size", "attn_dp_size", "ep_size", "nnodes", "replicas")
     tp, nnodes = v["tp_size"], v["nnodes"]
     if tp % nnodes:
         raise RenderError(f"tp_size {tp} does not divide over nnodes {nnodes}; tp_size counts the GPUs of all nodes")
     if tp % v["attn_dp_size"]:
+        # 0.5.23's _handle_data_parallelism asserts it without a message: the server's log shows
+        # the failed assert line and an empty AssertionError.
         raise RenderError(
-            f"attn_dp_size {v['attn_dp_size']} does not divide tp_size {tp} (attention DP splits the TP group)"
+            f'topology {topology.name}: {SERVER_REFUSES}: "{DP_DIVIDES_TP_ASSERT}" fails, an AssertionError '
+            f"without a message ({DP_DIVIDES_TP_SOURCE}): attn_dp_size {v['attn_dp_size']} does not divide "
+            f"tp_size {tp} (attention DP splits the TP group); pick an attn_dp_size that divides tp_size",
+            host=host.name,
         )
     if v["ep_size"] not in (1, tp):
         raise RenderError(
@@ -112,7 +123,7 @@ def check_memory(host: Host, topology: Topology, v: dict[str, Any]) -> None:
         )
 
 
-def check_backends(host: Host, hw: HardwareProfile, v: dict[str, Any]) -> None:
+def check_backends(host: Host, topology: Topology, hw: HardwareProfile, v: dict[str, Any]) -> None:
     attn = v["attention_backend"]
     if attn in hw.unavailable_attention_backends:
         raise RenderError(
@@ -132,9 +143,12 @@ def check_backends(host: Host, hw: HardwareProfile, v: dict[str, Any]) -> None:
             "set moe_a2a_backend=none or pick an NVLink host",
             host=host.name,
         )
-    if v["attn_dp_size"] > 1 and not v["enable_dp_lm_head"]:
+    if v["speculative_algorithm"] == "DFLASH" and v["attn_dp_size"] > 1 and not v["enable_dp_lm_head"]:
         raise RenderError(
-            f"attn_dp_size {v['attn_dp_size']} needs enable_dp_lm_head=true (DFLASH with attention DP requires it)"
+            f'topology {topology.name}: {SERVER_REFUSES}: "{DFLASH_DP_LM_HEAD}" ({DFLASH_DP_LM_HEAD_SOURCE}): '
+            f"attn_dp_size {v['attn_dp_size']} with enable_dp_lm_head false; set enable_dp_lm_head=true "
+            "(or attn_dp_size=1)",
+            host=host.name,
         )
 
 
@@ -160,8 +174,8 @@ def check_host(host: Host, topology: Topology, hw: HardwareProfile, v: dict[str,
     if topology.cpu_engine:
         check_cpu_engine(host, topology, v)
         return
-    check_gpu_counts(host, v)
-    check_backends(host, hw, v)
+    check_gpu_counts(host, topology, v)
+    check_backends(host, topology, hw, v)
     check_speculative(v)
     check_model_attention(v)
     # What the DDTree server itself refuses: the overlay's rules, after the tool's own checks.
@@ -199,7 +213,7 @@ def check_tree_memory(host: Host, topology: Topology, v: dict[str, Any]) -> None
         return
     top = m.dominant
     raise RenderError(
-        f"topology {topology.name}: DDTree's verify buffers need ~{gib(m.total)} per GPU "
+        f"topology {topology.name}: DDTree's verify buffers need ~{gib(m.total)} {m.scope} "
         f"(the {top.name}, {gib(top.bytes)}, dominates) but may use {gib(m.budget)}, half of the "
         f"{gib(m.headroom)} SGLang leaves outside mem_fraction_static {v['mem_fraction_static']:g}; "
         f"lower {top.knob}, or mem_fraction_static",

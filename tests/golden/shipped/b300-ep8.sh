@@ -5,6 +5,11 @@
 # Flag spellings are SGLang 0.5.23's (python/sglang/srt/arg_groups/fields/*.py), except
 # --speculative-dflash-tree-budget and --speculative-dflash-tree-topk: the ddtree overlay's
 # SGLang wiring patch adds those two.
+# DDTree is proven on SGLang's CPU engine (tiny models): TP 1 and 2, MLA + MoE (DeepSeek-V3 /
+# Kimi K2 architecture) and MHA (Llama), verify through SGLang's TritonAttnBackend (MLA at TP 1
+# and 2, Llama at TP 1); greedy (grammars too), logprobs and sampling (temperature, top_k, top_p,
+# min_p) as plain decoding; TP ranks commit the same tokens. Not yet run on a GPU (docs/ddtree.md).
+# Attention DP (--attn-dp-size) is not among them yet: no test of the overlay runs DDTree under it.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=/dev/null
@@ -32,4 +37,6 @@ exec /opt/sglang/.venv/bin/python -m sglang.launch_server \
   --speculative-draft-attention-backend flashinfer \
   --speculative-accept-threshold-single 1.0 \
   --speculative-accept-threshold-acc 1.0 \
+  --speculative-dflash-tree-budget 128 \
+  --speculative-dflash-tree-topk 8 \
   "$@"
