@@ -9,7 +9,8 @@
 # Kimi K2 architecture) and MHA (Llama), verify through SGLang's TritonAttnBackend (MLA at TP 1
 # and 2, Llama at TP 1); greedy (grammars too), logprobs and sampling (temperature, top_k, top_p,
 # min_p) as plain decoding; TP ranks commit the same tokens. Not yet run on a GPU (docs/ddtree.md).
-# Attention DP (--attn-dp-size) is not among them yet: no test of the overlay runs DDTree under it.
+# Attention DP (--attn-dp-size): proven at TP 2 / DP 2 / EP 2 with the MLA + MoE target through
+# the harness's torch_native verify (greedy with an idle replica and both busy, sampling).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=/dev/null
