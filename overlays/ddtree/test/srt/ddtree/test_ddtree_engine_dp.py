@@ -39,7 +39,6 @@ import http.client
 import json
 import socket
 import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,12 +50,11 @@ from cpu_engine.pool import ServerConfig
 from cpu_engine.sampling import (
     P_LOSSLESS,
     PER_CALL,
-    PROMPT,
-    TEMPERATURE,
     VOCAB,
     chi_square_p,
     exact_first_three,
     outside_support,
+    sample_replies,
 )
 from cpu_engine.server import dflash_args, launch_server, tp_args
 
@@ -126,22 +124,12 @@ def _run(server, record_dir: Path | None, sample: bool) -> Run:
 
 
 def _sample_by_rank(url: str, requests: int) -> dict[int, torch.Tensor]:
-    """The first three sampled tokens of ``requests`` requests for PROMPT at
-    TEMPERATURE (as ``sampling.sample_first_three``), by the DP rank that
-    served each."""
-    params = {"max_new_tokens": 3, "temperature": TEMPERATURE, "ignore_eos": True}
+    """The first three sampled tokens of ``requests`` requests (as
+    ``sampling.sample_first_three``), by the DP rank that served each."""
     rows: dict[int, list] = {}
-    for _ in range(requests // PER_CALL):
-        body = {"input_ids": [PROMPT] * PER_CALL, "sampling_params": params}
-        request = urllib.request.Request(
-            url + "/generate",
-            json.dumps(body).encode(),
-            {"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=600) as response:
-            for reply in json.load(response):
-                rank = reply["meta_info"]["dp_rank"]
-                rows.setdefault(rank, []).append(reply["output_ids"][:3])
+    for reply in sample_replies(url, requests):
+        rank = reply["meta_info"]["dp_rank"]
+        rows.setdefault(rank, []).append(reply["output_ids"][:3])
     return {rank: torch.tensor(r) for rank, r in sorted(rows.items())}
 
 

@@ -60,9 +60,16 @@ def exact_first_three(model_dir: Path, temperature: float = TEMPERATURE, **filte
 def sample_first_three(url: str, requests: int, **sampling) -> torch.Tensor:
     """``requests`` samples of the first three generated tokens, int64 [n, 3],
     at TEMPERATURE unless ``sampling`` (sampling params) says otherwise."""
+    replies = sample_replies(url, requests, **sampling)
+    return torch.tensor([r["output_ids"][:3] for r in replies])
+
+
+def sample_replies(url: str, requests: int, **sampling) -> list[dict]:
+    """The server's replies to ``requests`` 3-token requests for PROMPT, in
+    batch calls of PER_CALL, sampled as :func:`sample_first_three` says."""
     params = {"max_new_tokens": 3, "temperature": TEMPERATURE, "ignore_eos": True}
     params.update(sampling)
-    rows = []
+    replies = []
     for _ in range(requests // PER_CALL):
         body = {"input_ids": [PROMPT] * PER_CALL, "sampling_params": params}
         request = urllib.request.Request(
@@ -71,8 +78,8 @@ def sample_first_three(url: str, requests: int, **sampling) -> torch.Tensor:
             {"Content-Type": "application/json"},
         )
         with urllib.request.urlopen(request, timeout=600) as response:
-            rows += [r["output_ids"][:3] for r in json.load(response)]
-    return torch.tensor(rows)
+            replies += json.load(response)
+    return replies
 
 
 def outside_support(tokens: torch.Tensor, exact: torch.Tensor) -> int:

@@ -21,6 +21,7 @@ import atexit
 import ctypes
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -97,6 +98,34 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+# Under attention DP, SGLang's processes talk over TCP on ports it derives from
+# --port (``PortArgs.init_new``): the dist-init port at --port + 233 and the six
+# after it. An ephemeral --port puts those among the ports gloo and ZeroMQ hand
+# out to every other server on the machine; SGLang's own random ports (nccl)
+# lie in 22000-29999. So a DP server's --port comes from between the two, with
+# its derived ports checked free.
+DP_PORT_DELTA, DP_DERIVED_PORTS = 233, 7
+DP_PORT_RANGE = range(30000, 32768 - DP_PORT_DELTA - DP_DERIVED_PORTS)
+
+
+def free_dp_port(host: str = "127.0.0.1", attempts: int = 64) -> int:
+    """A --port for an attention-DP server whose derived ports are free too."""
+    for port in random.sample(DP_PORT_RANGE, attempts):
+        derived = range(port + DP_PORT_DELTA, port + DP_PORT_DELTA + DP_DERIVED_PORTS)
+        if all(_bindable(host, p) for p in (port, *derived)):
+            return port
+    raise RuntimeError(f"no free port block for a DP server in {DP_PORT_RANGE}")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -314,7 +343,7 @@ def spawn_server(
         log_path = Path(name)
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = free_dp_port() if "--attn-dp-size" in args else free_port()
     command = [
         sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
         *BASE_ARGS, "--port", str(port), *[str(a) for a in args],
