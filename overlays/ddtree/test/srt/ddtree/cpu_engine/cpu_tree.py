@@ -33,7 +33,11 @@ path there. :func:`prepare_cpu_tree` copies a ``python/`` directory (the one hol
     with attention DP accepted on device ``cpu``;
 12. ``speculative/dflash_worker_v2.py``: ``DDTREE_TEST_IDLE_VERIFY=skip`` makes
     an idle DP rank skip its idle verify (a control: the busy rank's collectives
-    then have no partner).
+    then have no partner);
+13. ``managers/data_parallel_controller.py``: under ``--sleep-on-idle`` the DP
+    controller waits on its socket (stock polls it without blocking, forever:
+    a whole core per DP server, half of a 2-core test machine, whatever the
+    flag says; the schedulers already honour it).
 
 Where a test runs the target's verify through SGLang's own ``TritonAttnBackend``
 (``--attention-backend triton``), changes 3, 7 and 8 are not on its path: the
@@ -95,6 +99,7 @@ _DDTREE_WORKER = "sglang/srt/speculative/ddtree_worker.py"
 _DEEPSEEK_HANDLER = "sglang/srt/models/deepseek_common/attention_backend_handler.py"
 _PARALLEL_STATE = "sglang/srt/distributed/parallel_state.py"
 _MOE_NATIVE = "sglang/srt/layers/moe/fused_moe_native.py"
+_DP_CONTROLLER = "sglang/srt/managers/data_parallel_controller.py"
 DDTREE_TORCH_NATIVE = "ddtree_rules: torch_native applies the tree mask (change 3)"
 DDTREE_TORCH_NATIVE_MLA = "ddtree_rules: torch_native applies it for MLA too"
 HOOKS = Path(__file__).resolve().parent / "ddtree_test_hooks.py"
@@ -353,6 +358,21 @@ CHANGES: tuple[Change, ...] = (
         '            raise ValueError("DFLASH with dp attention requires CUDA or NPU.")\n',
         '        if not (cfg.device.startswith("cuda") or cfg.device == "cpu"):\n'
         '            raise ValueError("DFLASH with dp attention requires CUDA or NPU.")\n',
+    ),
+    Change(
+        "data_parallel_controller: wait on the socket under --sleep-on-idle",
+        _DP_CONTROLLER,
+        "    def event_loop(self):\n        while True:\n            while True:\n",
+        "    def event_loop(self):\n"
+        "        # Test-only CPU change: under --sleep-on-idle, block until a request\n"
+        "        # arrives (at most 1 s, so the soft watchdog is still fed) instead\n"
+        "        # of polling the socket in a loop.\n"
+        "        poller = zmq.Poller()\n"
+        "        poller.register(self.recv_from_tokenizer, zmq.POLLIN)\n"
+        "        while True:\n"
+        "            if get_device().sleep_on_idle:\n"
+        "                poller.poll(1000)\n"
+        "            while True:\n",
     ),
     Change(
         "dflash_worker_v2: DDTREE_TEST_IDLE_VERIFY=skip drops the idle verify (control)",
