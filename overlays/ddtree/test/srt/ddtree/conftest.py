@@ -95,6 +95,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items) -> None:
             item.add_marker(pytest.mark.xdist_group(group), append=False)
 
 
+def _group(item) -> str | None:
+    marker = item.get_closest_marker("xdist_group") if item else None
+    return marker.args[0] if marker and marker.args else None
+
+
+def pytest_runtest_teardown(item, nextitem) -> None:
+    # The engine groups ask for disjoint servers and run one after another on a
+    # worker: when a group's last test is done its pooled servers only hold
+    # memory (and CPU, for a DP server's controller), so they stop.
+    pool = item.config.stash.get(SERVER_POOL, None)
+    if pool is not None and _group(item) != _group(nextitem):
+        pool.close()
+
+
 @pytest.fixture(scope="session")
 def tree_root() -> Path:
     return TREE_ROOT
@@ -103,6 +117,7 @@ def tree_root() -> Path:
 # The CPU engine's fixtures, defined here so every module shares one session-scoped
 # scratch tree (imported into each module, each would build its own).
 from cpu_engine.fixtures import (  # noqa: E402,F401
+    SERVER_POOL,
     cpu_sglang_python,
     server_log_dir,
     server_pool,

@@ -176,10 +176,19 @@ def server_log_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("sglang-logs")
 
 
+# Where the session's pool is kept for the hook that empties it between groups
+# (conftest.py: ``pytest_runtest_teardown``).
+SERVER_POOL = pytest.StashKey[ServerPool]()
+
+
 @pytest.fixture(scope="session")
-def server_pool(cpu_sglang_python, server_log_dir):
+def server_pool(cpu_sglang_python, server_log_dir, pytestconfig):
     """The session's :class:`pool.ServerPool` over the CPU tree under test: ask it
-    for servers by configuration instead of starting them (docs/testing.md)."""
+    for servers by configuration instead of starting them (docs/testing.md).
+    Emptied when a group of engine tests ends, since no later test asks for its
+    servers."""
     pool = ServerPool(cpu_sglang_python, server_log_dir)
+    pytestconfig.stash[SERVER_POOL] = pool
     yield pool
+    del pytestconfig.stash[SERVER_POOL]
     pool.close()
