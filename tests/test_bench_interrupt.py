@@ -31,7 +31,13 @@ pytestmark = pytest.mark.sshd
 ROOT = Path(__file__).resolve().parent.parent
 STAND_IN = Path(__file__).resolve().parent / "standin_sglang"
 BENCH = ("--requests", "1", "--concurrency", "1", "--input-len", "4", "--output-len", "4")
-CLI = "import sys; from deployer.cli import main; sys.exit(main(sys.argv[1:]))"
+# The client as a terminal's foreground job runs it: Python's own SIGINT handler installed even where
+# the suite itself was started with SIGINT ignored (a `nohup ... &` from a shell without job control,
+# whose children would inherit the ignore and never see the Ctrl-C these tests send).
+CLI = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from deployer.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 # phase -> (the stand-in marker that shows the phase runs, STANDIN_SLOW that makes it last)
 PHASES = {
     "first measurement": ("client-ddtree-", "client-ddtree"),
