@@ -173,7 +173,7 @@ def test_failed_starts_are_reported_with_their_log_and_leave_nothing_running(cpu
         os.killpg(record["units"][0]["pid"], 0)
 
 
-def test_bench_compare_on_an_ssh_host_prints_both_rows_and_passes_the_greedy_check(cpu_host):
+def test_bench_compare_on_an_ssh_host_prints_both_rows_and_passes_the_greedy_check(cpu_host, hosts, tmp_path, cli):
     run, launch_dir, _ = cpu_host
     r = run("launch", "--host", "h1", "-t", "cpu-tiny", "--wait", *LLAMA_TP1, "--set", f"port={_free_port()}")
     assert r.code == 0, r.stderr
@@ -187,6 +187,24 @@ def test_bench_compare_on_an_ssh_host_prints_both_rows_and_passes_the_greedy_che
     stored = json.loads(run("status", "--host", "h1", "--json").stdout)[0]["data"]["bench"]
     assert [c["config"] for c in stored["configs"]] == ["ddtree", "linear"] and stored["greedy"]["equal"] is True
     assert _record(launch_dir)["state"] == "running"
+
+    # The same server, benched from an inventory whose python cannot run SGLang's client: it lacks
+    # a module the client imports at start (the `datasets` requirement of the sglang wheel).
+    shadow = tmp_path / "shadow" / "datasets"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'datasets'\")\n")
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        f'#!/bin/bash\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{shadow.parent}"\nexec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    edited = variant_inventory(hosts, tmp_path / "inv2", "h1", cpu_engine=True, python=str(wrapper))
+    pid = _pid(launch_dir)
+    r = cli("bench", "--host", "h1", *SMALL, inventory=edited)
+    assert r.code == 6, r.stderr
+    assert f"SGLang's benchmark client does not run with {wrapper}" in r.stderr
+    assert "No module named 'datasets'" in r.stderr
+    assert alive(pid)  # bench started nothing and stopped nothing
 
 
 def test_a_wrong_tree_fails_the_greedy_check_and_a_dying_server_fails_the_run(cpu_host):
@@ -225,27 +243,3 @@ def test_a_wrong_tree_fails_the_greedy_check_and_a_dying_server_fails_the_run(cp
     r = outcome["r"]
     assert r.code == 6 and "h1-cpu-tiny died during the benchmark" in r.stderr, r.stderr
     assert "`ddeploy launch --host h1 --topology cpu-tiny --wait` starts it again" in r.stderr
-
-
-def test_a_host_whose_python_cannot_run_the_benchmark_client(cpu_host, hosts, tmp_path, cli):
-    # The host's environment lacks a module SGLang's client imports at start (the `datasets`
-    # requirement of the sglang wheel); the server itself runs.
-    shadow = tmp_path / "shadow" / "datasets"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'datasets'\")\n")
-    wrapper = tmp_path / "python"
-    wrapper.write_text(
-        f'#!/bin/bash\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{shadow.parent}"\nexec {sys.executable} "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    _, launch_dir, inventory = cpu_host
-    edited = variant_inventory(hosts, tmp_path / "inv2", "h1", cpu_engine=True, python=str(wrapper))
-    r = cli("launch", "--host", "h1", "-t", "cpu-tiny", "--wait", *LLAMA_TP1, "--set", f"port={_free_port()}",
-            inventory=edited)  # fmt: skip
-    assert r.code == 0, r.stderr
-    pid = _pid(launch_dir)
-    r = cli("bench", "--host", "h1", *SMALL, inventory=edited)
-    assert r.code == 6, r.stderr
-    assert f"SGLang's benchmark client does not run with {wrapper}" in r.stderr
-    assert "No module named 'datasets'" in r.stderr
-    assert alive(pid)  # bench started nothing and stopped nothing
