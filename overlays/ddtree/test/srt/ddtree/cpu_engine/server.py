@@ -101,20 +101,28 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 # Under attention DP, SGLang's processes talk over TCP on ports it derives from
-# --port (``PortArgs.init_new``): the dist-init port at --port + 233 and the six
-# after it. An ephemeral --port puts those among the ports gloo and ZeroMQ hand
-# out to every other server on the machine; SGLang's own random ports (nccl)
-# lie in 22000-29999. So a DP server's --port comes from between the two, with
-# its derived ports checked free.
-DP_PORT_DELTA, DP_DERIVED_PORTS = 233, 7
-DP_PORT_RANGE = range(30000, 32768 - DP_PORT_DELTA - DP_DERIVED_PORTS)
+# --port: the DP handshake at --port + 13 (``DP_ATTENTION_HANDSHAKE_PORT_DELTA``,
+# bound only while the server starts) and the dist-init port at --port + 233 and
+# the six after it (``PortArgs.init_new``). An ephemeral --port puts those among
+# the ports gloo and ZeroMQ hand out to every other server on the machine;
+# SGLang's own random ports (nccl) lie in 22000-29999. So a DP server's --port
+# comes from between the two, with its derived ports checked free and none of
+# them a port of another DP server started here: the pool starts the next server
+# while the current one runs, and a handshake port is bound only for a moment
+# (one server's handshake once fell on the --port of the server before it).
+DP_PORT_OFFSETS = (0, 13, *range(233, 240))
+DP_PORT_RANGE = range(30000, 32768 - DP_PORT_OFFSETS[-1])
+_DP_PORTS_GIVEN: set[int] = set()  # every port of every block handed out here
 
 
 def free_dp_port(host: str = "127.0.0.1", attempts: int = 64) -> int:
     """A --port for an attention-DP server whose derived ports are free too."""
     for port in random.sample(DP_PORT_RANGE, attempts):
-        derived = range(port + DP_PORT_DELTA, port + DP_PORT_DELTA + DP_DERIVED_PORTS)
-        if all(_bindable(host, p) for p in (port, *derived)):
+        block = {port + offset for offset in DP_PORT_OFFSETS}
+        if block.isdisjoint(_DP_PORTS_GIVEN) and all(
+            _bindable(host, p) for p in block
+        ):
+            _DP_PORTS_GIVEN.update(block)
             return port
     raise RuntimeError(f"no free port block for a DP server in {DP_PORT_RANGE}")
 
