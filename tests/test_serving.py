@@ -173,41 +173,7 @@ def test_failed_starts_are_reported_with_their_log_and_leave_nothing_running(cpu
         os.killpg(record["units"][0]["pid"], 0)
 
 
-def test_bench_compare_on_an_ssh_host_prints_both_rows_and_passes_the_greedy_check(cpu_host, hosts, tmp_path, cli):
-    run, launch_dir, _ = cpu_host
-    r = run("launch", "--host", "h1", "-t", "cpu-tiny", "--wait", *LLAMA_TP1, "--set", f"port={_free_port()}")
-    assert r.code == 0, r.stderr
-    assert "h1-cpu-tiny serves cpu-tiny: DFLASH + DDTree (budget 14, top-K 2, verify width 15)" in r.stderr
-    r = run("bench", "--host", "h1", "-t", "cpu-tiny", "--compare", "linear", "--yes", *SMALL)
-    assert r.code == 0, r.stderr
-    rows = {line.split()[0]: line.split() for line in r.stdout.splitlines() if line.startswith(("ddtree", "linear"))}
-    # config, B=, K=, (W=15), concurrency, accept length, ... | config, (W=4), concurrency, accept length
-    assert float(rows["ddtree"][5]) > 3.0 and float(rows["linear"][3]) < 2.1, r.stdout
-    assert "greedy check: 8 prompts, ddtree equals linear token for token" in r.stdout
-    stored = json.loads(run("status", "--host", "h1", "--json").stdout)[0]["data"]["bench"]
-    assert [c["config"] for c in stored["configs"]] == ["ddtree", "linear"] and stored["greedy"]["equal"] is True
-    assert _record(launch_dir)["state"] == "running"
-
-    # The same server, benched from an inventory whose python cannot run SGLang's client: it lacks
-    # a module the client imports at start (the `datasets` requirement of the sglang wheel).
-    shadow = tmp_path / "shadow" / "datasets"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'datasets'\")\n")
-    wrapper = tmp_path / "python"
-    wrapper.write_text(
-        f'#!/bin/bash\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{shadow.parent}"\nexec {sys.executable} "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    edited = variant_inventory(hosts, tmp_path / "inv2", "h1", cpu_engine=True, python=str(wrapper))
-    pid = _pid(launch_dir)
-    r = cli("bench", "--host", "h1", *SMALL, inventory=edited)
-    assert r.code == 6, r.stderr
-    assert f"SGLang's benchmark client does not run with {wrapper}" in r.stderr
-    assert "No module named 'datasets'" in r.stderr
-    assert alive(pid)  # bench started nothing and stopped nothing
-
-
-def test_a_wrong_tree_fails_the_greedy_check_and_a_dying_server_fails_the_run(cpu_host):
+def test_a_wrong_tree_fails_the_greedy_check_and_a_dying_server_fails_the_run(cpu_host, hosts, tmp_path, cli):
     run, launch_dir, _ = cpu_host
     # Random models (a draft that accepts little, outputs that test exactness) and the harness's
     # control: DDTree's tree mask shifted by one element, so its verify attends wrongly.
@@ -228,8 +194,25 @@ def test_a_wrong_tree_fails_the_greedy_check_and_a_dying_server_fails_the_run(cp
     assert 0 <= difference["prompt"] < 8 and difference["got"] != difference["baseline"]
     assert _record(launch_dir)["state"] == "running"  # serving again after the comparison
 
-    # The server dies while SGLang's client drives it: the run fails naming the server.
+    # The same server, benched from an inventory whose python cannot run SGLang's client: it lacks
+    # a module the client imports at start (the `datasets` requirement of the sglang wheel).
+    shadow = tmp_path / "shadow" / "datasets"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'datasets'\")\n")
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        f'#!/bin/bash\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{shadow.parent}"\nexec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    edited = variant_inventory(hosts, tmp_path / "inv2", "h1", cpu_engine=True, python=str(wrapper))
     pid = _pid(launch_dir)
+    r = cli("bench", "--host", "h1", *SMALL, inventory=edited)
+    assert r.code == 6, r.stderr
+    assert f"SGLang's benchmark client does not run with {wrapper}" in r.stderr
+    assert "No module named 'datasets'" in r.stderr
+    assert alive(pid)  # bench started nothing and stopped nothing
+
+    # The server dies while SGLang's client drives it: the run fails naming the server.
     outcome = {}
     many = ("--requests", "400", "--concurrency", "1", "--input-len", "16", "--output-len", "64")
     thread = threading.Thread(target=lambda: outcome.update(r=run("bench", "--host", "h1", *many)))
