@@ -21,11 +21,12 @@ one server serves both the greedy and the sampled checks:
 * sampled output (temperature 0.9) follows the target's exact distribution of
   the first three tokens (chi-square, as the TP 2 sampling test), each DP
   rank's samples on their own: every replica seeds its sampler with the same
-  ``--random-seed``, so with the same requests the two replicas draw the same
-  samples, request for request, under plain decoding and DDTree alike (a test
-  shows it); only one replica's samples are independent of each other. n is
-  about 600 per rank: a distortion of Cohen's w >= 0.35 is caught at
-  p < 1e-4 with 99% power (``sampling.detectable_effect``);
+  ``--random-seed``, so with the same requests the two replicas draw largely
+  the same samples (request for request where they run the same batches,
+  which depends on when the dispatch hands requests on: so no test asserts
+  it); only one replica's samples are independent of each other. n is about
+  600 per rank: a distortion of Cohen's w >= 0.35 is caught at p < 1e-4 with
+  99% power (``sampling.detectable_effect``);
 * the control: an idle rank that skips its idle verify
   (``DDTREE_TEST_IDLE_VERIFY=skip``) leaves the busy rank's collectives without
   a partner; the request does not complete within a bound many times a normal
@@ -145,8 +146,6 @@ def runs(server_pool, models, tmp_path_factory):
     for name, server in zip(configs, server_pool.each(list(configs.values()))):
         is_dp_tree = name == "dp-ddtree"
         out[name] = _run(server, record_dir if is_dp_tree else None, is_dp_tree)
-        if name == "dp-plain":
-            out[name].sampled = _sample_by_rank(server.url, 2 * PER_CALL)
     return out
 
 
@@ -209,16 +208,6 @@ def test_sampled_output_follows_the_target_on_each_dp_rank(runs, models):
         assert len(tokens) >= REQUESTS // 3, f"rank {rank}: {len(tokens)} samples"
         assert outside_support(tokens, exact) == 0
         assert chi_square_p(tokens, exact) > P_LOSSLESS, f"rank {rank}"
-
-
-@pytest.mark.parametrize("name", ["dp-plain", "dp-ddtree"])
-def test_dp_replicas_draw_alike_under_plain_decoding_and_ddtree(runs, name):
-    """Why the distribution test takes each rank on its own: the replicas'
-    samples coincide request for request, as plain decoding's do."""
-    sampled = runs[name].sampled
-    n = min(len(sampled[0]), len(sampled[1]))
-    assert n >= PER_CALL // 3
-    assert torch.equal(sampled[0][:n], sampled[1][:n])
 
 
 def test_control_an_idle_rank_that_skips_its_verify_hangs_the_round(
