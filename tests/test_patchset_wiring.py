@@ -45,7 +45,15 @@ def test_wiring_hunk_adds_the_tree_args_with_validation(tmp_path, pristine_base)
     overlay_modules = REAL_WIRING_HUNK.parents[1] / "python/sglang/srt/speculative"
     for module in overlay_modules.glob("ddtree_*.py"):
         shutil.copy(module, work / "python/sglang/srt/speculative" / module.name)
-    env = {**os.environ, "PYTHONPATH": str(work / "python"), "PYTHONDONTWRITEBYTECODE": "1"}
+    # Offline: ServerArgs looks the draft "d" up on the Hugging Face Hub (its DFLASH block size);
+    # online that lookup waits on each of its retries (90 s of this test's 100 on a machine
+    # without a network), offline it fails at once and SGLang takes its default.
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(work / "python"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
     proc = subprocess.run(
         [sys.executable, "-c", PROBE], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )

@@ -169,7 +169,8 @@ def test_control_without_the_sync_the_ranks_diverge(runs):
     assert ranks["rank0.jsonl"] != ranks["rank1.jsonl"]
 
 
-def test_sampling_logs_ddtrees_verify_and_no_greedy_fallback(runs):
-    log = runs["synced"][2]
+@pytest.mark.parametrize("name", ["synced", "light"])
+def test_sampling_logs_ddtrees_verify_and_no_greedy_fallback(runs, name):
+    log = runs[name][2]
     assert "DDTree sampling verify: lossless tree speculative sampling" in log
     assert "falling back to greedy argmax verification" not in log
