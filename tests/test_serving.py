@@ -5,8 +5,9 @@ harness, tiny models) from a checkout the newest release was pushed onto.
 The local run is the users' configuration class scaled down: a DeepSeek-V3-architecture target
 (MLA + MoE) at TP 2 whose draft a tree must beat linear DFlash on. The test host runs the Llama
 models at TP 1 (a cheaper start) for the failure paths: a crash at start, a start that outlives
---wait-timeout, a tree that verifies with a corrupted mask (the greedy check must catch it), a
-server that dies during the run, a host whose python cannot run SGLang's benchmark client.
+--wait-timeout, a server that dies during the run, a host whose python cannot run SGLang's
+benchmark client. A failing greedy check is `test_bench_greedy_check.py`'s (the stand-in
+server), and a tree that verifies with a corrupted mask is the overlay engine tests' control.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ def _record(launch_dir: Path) -> dict:
 
 def _pid(launch_dir: Path) -> int:
     return _record(launch_dir)["units"][0]["pid"]
+
+
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 @pytest.fixture
@@ -173,28 +178,14 @@ def test_failed_starts_are_reported_with_their_log_and_leave_nothing_running(cpu
         os.killpg(record["units"][0]["pid"], 0)
 
 
-def test_a_wrong_tree_fails_the_greedy_check_and_a_dying_server_fails_the_run(cpu_host, hosts, tmp_path, cli):
+def test_a_client_that_cannot_run_and_a_dying_server_fail_the_run(cpu_host, hosts, tmp_path, cli):
     run, launch_dir, _ = cpu_host
-    # Random models (a draft that accepts little, outputs that test exactness) and the harness's
-    # control: DDTree's tree mask shifted by one element, so its verify attends wrongly.
-    broken = (*LLAMA_TP1, "--set", "cpu_model_kind=random", "--set", "env.DDTREE_TEST_MASK=shift")
     port = ("--set", f"port={_free_port()}")
-    r = run("launch", "--host", "h1", "-t", "cpu-tiny", "--wait", *broken, *port)
+    r = run("launch", "--host", "h1", "-t", "cpu-tiny", "--wait", *LLAMA_TP1, *port)
     assert r.code == 0, r.stderr
     assert "DFLASH + DDTree (budget 14, top-K 2, verify width 15), attention torch_native, TP 1" in r.stderr
 
-    r = run("bench", "--host", "h1", "--compare", "linear", "--yes", *SMALL)
-    assert r.code == 12, r.stderr
-    assert "greedy check failed: ddtree's completion of probe prompt" in r.stderr
-    assert "differs from linear's at output token" in r.stderr
-    assert "greedy check: FAILED on probe prompt" in r.stdout  # the table is printed too
-    stored = json.loads(run("status", "--host", "h1", "--json").stdout)[0]["data"]["bench"]
-    assert stored["greedy"]["equal"] is False and stored["configs"][0]["greedy_equal"] is False
-    difference = stored["greedy"]["difference"]
-    assert 0 <= difference["prompt"] < 8 and difference["got"] != difference["baseline"]
-    assert _record(launch_dir)["state"] == "running"  # serving again after the comparison
-
-    # The same server, benched from an inventory whose python cannot run SGLang's client: it lacks
+    # The server, benched from an inventory whose python cannot run SGLang's client: it lacks
     # a module the client imports at start (the `datasets` requirement of the sglang wheel).
     shadow = tmp_path / "shadow" / "datasets"
     shadow.mkdir(parents=True)
@@ -219,8 +210,8 @@ def test_a_wrong_tree_fails_the_greedy_check_and_a_dying_server_fails_the_run(cp
     thread.start()
     bench_log = launch_dir / "cpu-tiny" / "bench.log"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and bench_log.read_text().count("Starting main benchmark run") < 2:
-        time.sleep(0.5)  # one from the compare run above, one from this run
+    while time.monotonic() < deadline and "Starting main benchmark run" not in _text(bench_log):
+        time.sleep(0.5)
     os.killpg(pid, signal.SIGKILL)
     thread.join(timeout=300)
     r = outcome["r"]

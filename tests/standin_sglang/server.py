@@ -7,6 +7,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+# The output token at which a config that STANDIN_DIVERGE names differs from the others.
+DIVERGE_AT = 3
+
+
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--host", default="127.0.0.1")
@@ -64,6 +68,7 @@ def main() -> None:
         "version": "0.5.23",
     }
     verified = [0]
+    diverges = name in os.environ.get("STANDIN_DIVERGE", "").split()
 
     class Handler(BaseHTTPRequestHandler):
         def reply(self, code: int, body: bytes, kind: str = "application/json") -> None:
@@ -91,6 +96,8 @@ def main() -> None:
                 return
             n = int(body.get("sampling_params", {}).get("max_new_tokens", 1))
             ids = [(sum(body.get("input_ids", [])) + i) % 1000 for i in range(n)]
+            if diverges and n > DIVERGE_AT:  # a wrong verify: one token off, as a broken tree's
+                ids[DIVERGE_AT] = (ids[DIVERGE_AT] + 1) % 1000
             verified[0] += n
             meta = {"completion_tokens": n, "spec_verify_ct": n if args.speculative_algorithm else 0}
             self.reply(200, json.dumps({"output_ids": ids, "meta_info": meta}).encode())
