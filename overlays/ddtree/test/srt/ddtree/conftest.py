@@ -82,6 +82,16 @@ OWN_GROUPS = {
 }
 
 
+# How many servers a group's pool keeps alive (default: the pool's 2). The
+# Llama servers of the cpu-engine group are the smallest; with three, the greedy
+# modules' last servers outlive the next module's first start, so
+# test_ddtree_engine_greedy_requests finds the greedy module's last two running
+# and test_ddtree_engine_refusals finds one of them still running (one start
+# fewer each, docs/testing.md). The MLA and DP groups' TP 2 servers keep two.
+POOL_SIZES = {ENGINE_GROUP: 3}
+DEFAULT_POOL_SIZE = 2
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items) -> None:
     here = Path(__file__).resolve().parent
@@ -98,6 +108,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items) -> None:
 def _group(item) -> str | None:
     marker = item.get_closest_marker("xdist_group") if item else None
     return marker.args[0] if marker and marker.args else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before the item's fixtures are set up
+def pytest_runtest_setup(item) -> None:
+    size = POOL_SIZES.get(_group(item), DEFAULT_POOL_SIZE)
+    item.config.stash[POOL_SIZE] = size
+    pool = item.config.stash.get(SERVER_POOL, None)
+    if pool is not None:
+        pool.resize(size)
 
 
 def pytest_runtest_teardown(item, nextitem) -> None:
@@ -117,6 +136,7 @@ def tree_root() -> Path:
 # The CPU engine's fixtures, defined here so every module shares one session-scoped
 # scratch tree (imported into each module, each would build its own).
 from cpu_engine.fixtures import (  # noqa: E402,F401
+    POOL_SIZE,
     SERVER_POOL,
     cpu_sglang_python,
     server_log_dir,

@@ -1,8 +1,12 @@
 """What DDTree cannot serve is refused clearly, on a real SGLang 0.5.23 server (CPU).
 
-Start-up: each refused configuration makes ``sglang.launch_server`` exit with its
-own message. Per request: a request the tree verify cannot serve gets its error
-while another request on the same server is served.
+Start-up: each refused configuration is refused with its own message while the
+server's arguments resolve, before any weight loads: one through a real
+``sglang.launch_server`` (the process exits, its log says why), the others
+through the same resolution calls in one process (``cpu_engine.resolve``).
+
+Per request: a request the tree verify cannot serve gets its error while another
+request on the same server is served.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from cpu_engine.cpu_tree import DDTREE_TORCH_NATIVE, DDTREE_TORCH_NATIVE_MLA
 from cpu_engine.fixtures import cpu_tree_python, tree_root
 from cpu_engine.models import cached_tiny_models
 from cpu_engine.pool import ServerConfig
+from cpu_engine.resolve import resolve_many
 from cpu_engine.server import dflash_args, start_expect_failure
 
 pytestmark = pytest.mark.slow
@@ -61,33 +66,72 @@ def _refused_before_loading(python_dir, target, args, log) -> str:
     return tail
 
 
-@pytest.mark.parametrize("name", sorted(REFUSED))
-def test_refused_configuration_fails_at_start_up_with_its_message(
-    cpu_sglang_python, tiny_models, server_log_dir, name
+def test_a_refused_server_exits_at_start_up_before_loading_with_its_message(
+    cpu_sglang_python, tiny_models, server_log_dir
 ):
-    extra, message = REFUSED[name]
-    log = server_log_dir / f"refused-{name}.log"
+    """One refusal through a real ``sglang.launch_server``: the process a user
+    starts exits, its log names the flag, no weight loaded. The others below
+    run the same resolution calls in one process (``cpu_engine.resolve``)."""
+    extra, message = REFUSED["topk-above-vocab"]
+    log = server_log_dir / "refused-topk-above-vocab.log"
     args = _ddtree(tiny_models, *extra)
     tail = _refused_before_loading(cpu_sglang_python, tiny_models.target, args, log)
     assert message in tail, tail
 
 
-def test_a_draft_with_a_head_of_its_own_is_refused_before_loading(
-    cpu_sglang_python, tiny_models, server_log_dir, tmp_path
-):
-    """The draft's head is known from its config at argument resolution."""
-    draft = tmp_path / "lilicorr-draft"
+@pytest.fixture(scope="module")
+def lilicorr_draft(tiny_models, tmp_path_factory):
+    """The tiny draft, its config naming a LiLiCorr head (a head of its own)."""
+    draft = tmp_path_factory.mktemp("drafts") / "lilicorr-draft"
     shutil.copytree(tiny_models.draft, draft)
     config = json.loads((draft / "config.json").read_text())
     config["architectures"] = ["LiLiCorrDraftModel"]
     (draft / "config.json").write_text(json.dumps(config))
-    args = dflash_args(draft, budget=8)
-    log = server_log_dir / "refused-lilicorr-draft.log"
-    tail = _refused_before_loading(cpu_sglang_python, tiny_models.target, args, log)
+    return draft
+
+
+@pytest.fixture(scope="module")
+def resolved(cpu_sglang_python, tiny_models, lilicorr_draft, server_log_dir):
+    """Each case's resolution in the CPU tree (one process), and a DDTree
+    configuration that must resolve: a resolver that refused everything would
+    fail on it."""
+    target = tiny_models.target
+    cases = {name: (target, _ddtree(tiny_models, *extra))
+             for name, (extra, _) in REFUSED.items()}
+    cases["lilicorr-draft"] = (target, dflash_args(lilicorr_draft, budget=8))
+    cases["accepted"] = (target, dflash_args(tiny_models.draft, budget=8))
+    cases["dflash-without-draft"] = (target, ("--speculative-algorithm", "DFLASH"))
+    return resolve_many(cpu_sglang_python, cases,
+                        server_log_dir / "refused-resolve.log")
+
+
+def test_a_servable_ddtree_configuration_resolves(resolved):
+    fields = resolved["accepted"]["resolved"]
+    assert fields["speculative_algorithm"] == "DFLASH"
+    assert fields["speculative_dflash_tree_budget"] == 8
+    assert fields["speculative_num_draft_tokens"] == 9  # budget + 1
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_refused_configuration_fails_at_start_up_with_its_message(resolved, name):
+    _, message = REFUSED[name]
+    assert message in resolved[name].get("refused", ""), resolved[name]
+
+
+def test_linear_dflash_without_a_draft_is_refused_with_sglangs_reason(resolved):
+    """SGLang's own refusal, through the same resolution (not DDTree's)."""
+    assert (
+        "DFLASH speculative decoding requires setting --speculative-draft-model-path"
+        in resolved["dflash-without-draft"].get("refused", "")
+    ), resolved["dflash-without-draft"]
+
+
+def test_a_draft_with_a_head_of_its_own_is_refused_before_loading(resolved):
+    """The draft's head is known from its config at argument resolution."""
     assert (
         "needs a plain DFlash draft (a per-position token head); this draft uses "
-        "a LiLiCorr head" in tail
-    ), tail
+        "a LiLiCorr head" in resolved["lilicorr-draft"].get("refused", "")
+    ), resolved["lilicorr-draft"]
 
 
 @pytest.fixture(scope="module")
@@ -98,39 +142,64 @@ def strict_python(cpu_sglang_python):
     return cpu_tree_python(tree_root(), skip=skip)
 
 
-def test_released_backend_policy_refuses_a_backend_without_a_verify_mask(
-    strict_python, tiny_models, server_log_dir
-):
-    args = _ddtree(tiny_models, "--speculative-dflash-tree-budget", "8")
-    log = server_log_dir / "refused-torch-native.log"
-    tail = _refused_before_loading(strict_python, tiny_models.target, args, log)
-    assert (
-        "DDTree needs a TARGET_VERIFY attention backend that applies the tree "
-        "mask; --attention-backend torch_native does not for this target "
-        "(use: flashinfer, triton)" in tail
-    ), tail
-
-
 @pytest.fixture(scope="module")
 def mla_models():
     return cached_tiny_models(arch="mla")
 
 
-@pytest.mark.parametrize("backend", ["flashinfer", "torch_native"])
+MLA_BACKENDS = ("flashinfer", "torch_native")
+
+
+@pytest.fixture(scope="module")
+def strict_resolved(strict_python, tiny_models, mla_models, server_log_dir):
+    """Resolutions under the released rules (one process); the MLA target with
+    triton, the backend that applies the tree mask, must resolve."""
+    cases = {
+        "torch-native": (
+            tiny_models.target,
+            _ddtree(tiny_models, "--speculative-dflash-tree-budget", "8"),
+        ),
+        "mla-triton": (
+            mla_models.target,
+            dflash_args(mla_models.draft, "--attention-backend", "triton",
+                        budget=8),
+        ),
+    }
+    for backend in MLA_BACKENDS:
+        cases[f"mla-{backend}"] = (
+            mla_models.target,
+            dflash_args(mla_models.draft, "--attention-backend", backend,
+                        budget=8),
+        )
+    return resolve_many(strict_python, cases,
+                        server_log_dir / "refused-strict-resolve.log")
+
+
+def test_released_backend_policy_refuses_a_backend_without_a_verify_mask(
+    strict_resolved,
+):
+    assert (
+        "DDTree needs a TARGET_VERIFY attention backend that applies the tree "
+        "mask; --attention-backend torch_native does not for this target "
+        "(use: flashinfer, triton)" in strict_resolved["torch-native"].get(
+            "refused", "")
+    ), strict_resolved["torch-native"]
+    assert "resolved" in strict_resolved["mla-triton"], strict_resolved
+
+
+@pytest.mark.parametrize("backend", MLA_BACKENDS)
 def test_mla_target_with_a_backend_other_than_triton_is_refused_before_loading(
-    strict_python, mla_models, server_log_dir, backend
+    strict_resolved, backend
 ):
     """For an MLA target (Kimi K2.x) only triton applies the tree mask: any other
     backend is refused at argument resolution, naming the flag and what works,
     before any weight loads. (B300's default trtllm_mla is refused the same way,
     test_ddtree_config; on CPU SGLang's own hardware check refuses it first.)"""
-    args = dflash_args(mla_models.draft, "--attention-backend", backend, budget=8)
-    log = server_log_dir / f"refused-mla-{backend}.log"
-    tail = _refused_before_loading(strict_python, mla_models.target, args, log)
+    outcome = strict_resolved[f"mla-{backend}"]
     assert (
         f"--attention-backend {backend} does not for an MLA target (Kimi K2.x, "
-        "DeepSeek) (use: triton)" in tail
-    ), tail
+        "DeepSeek) (use: triton)" in outcome.get("refused", "")
+    ), outcome
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
@@ -161,9 +230,11 @@ REFUSED_REQUESTS = {
 
 @pytest.fixture(scope="module")
 def ddtree_server(server_pool, tiny_models):
-    args = _ddtree(tiny_models, "--speculative-dflash-tree-budget", "8")
+    """The greedy modules' budget-2, top-K-2 tree (the same configuration, so
+    the pool's server from test_ddtree_engine_greedy_requests when it still runs)."""
+    args = dflash_args(tiny_models.draft, budget=2, topk=2)
     return server_pool.get(ServerConfig.of(tiny_models.target, args,
-                                           name="refusals-ddtree"))
+                                           name="greedy-below-depth-k2"))
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED_REQUESTS))

@@ -5,11 +5,11 @@ For a fixed prompt, the joint distribution of the first three generated tokens
 thousands of requests must match the target's exact distribution, computed with
 Hugging Face from the same checkpoint. Small vocabulary (8); the tiny target's
 next-token distributions are far from uniform (top token about 0.45), so the
-test has power. Servers, one
-after another: plain SGLang (validates the reference itself), DDTree with the
-dense sampling verify (SGLang's kernel semantics, the torch twin on CPU) on a
-large and a small tree, and a negative control (``--speculative-accept-threshold-acc 0.5``, lossy by
-construction) that the same test must reject.
+test has power. Servers, one after another: plain SGLang (validates the
+reference itself), DDTree with the dense sampling verify (SGLang's kernel
+semantics, the torch twin on CPU) on a large and a small tree, and a negative
+control (``--speculative-accept-threshold-acc 0.5``, lossy by construction)
+that the same test must reject.
 
 Sample sizes (``cpu_engine.sampling.detectable_effect``, 99% power): n = 1000 per
 lossless server detects a distortion of Cohen's w >= 0.28 at the test's level

@@ -179,6 +179,9 @@ def server_log_dir(tmp_path_factory) -> Path:
 # Where the session's pool is kept for the hook that empties it between groups
 # (conftest.py: ``pytest_runtest_teardown``).
 SERVER_POOL = pytest.StashKey[ServerPool]()
+# How many servers the current test's group keeps alive (set per test by
+# conftest.py's ``pytest_runtest_setup``; the pool's default where unset).
+POOL_SIZE = pytest.StashKey[int]()
 
 
 @pytest.fixture(scope="session")
@@ -188,6 +191,7 @@ def server_pool(cpu_sglang_python, server_log_dir, pytestconfig):
     Emptied when a group of engine tests ends, since no later test asks for its
     servers."""
     pool = ServerPool(cpu_sglang_python, server_log_dir)
+    pool.resize(pytestconfig.stash.get(POOL_SIZE, pool.max_alive))
     pytestconfig.stash[SERVER_POOL] = pool
     yield pool
     del pytestconfig.stash[SERVER_POOL]

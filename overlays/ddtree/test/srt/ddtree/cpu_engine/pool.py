@@ -9,8 +9,9 @@ exit starts its own with ``server.launch_server``.
 
 The pool keeps at most ``max_alive`` servers (each a few processes of a few
 hundred MB; idle ones sleep, ``--sleep-on-idle``) and stops the least recently
-used one to make room. :meth:`ServerPool.start` begins a start without waiting,
-so a test can have its next server start while it drives the current one.
+used one to make room; a group of tests can ask for more (``resize``).
+:meth:`ServerPool.start` begins a start without waiting, so a test can have its
+next server start while it drives the current one.
 A pooled server that died is an error for whoever asks for it next (its log
 named), never silently replaced: a crash is a finding.
 """
@@ -120,6 +121,14 @@ class ServerPool:
             if i + 1 < len(configs):
                 self.start(configs[i + 1])
             yield server
+
+    def resize(self, max_alive: int) -> None:
+        """Keep at most ``max_alive`` servers from now on (the least recently
+        used ones stop if there are more)."""
+        self.max_alive = max_alive
+        while len(self._entries) > max_alive:
+            _, oldest = self._entries.popitem(last=False)
+            oldest.server.stop()
 
     def stop(self, config: ServerConfig) -> None:
         entry = self._entries.pop(config, None)
