@@ -5,6 +5,7 @@ run in (objects hard-linked, only patches/ checked out), so they need no network
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -75,10 +76,13 @@ def test_every_archived_release_names_the_commit_that_added_it_and_its_manifest(
     _history()
     for version, record in read_archive(ROOT).items():
         path = f"patches/ddtree/{version}/manifest.yaml"
-        added = _git(REPO, "log", "--diff-filter=A", "--format=%H", "--", path).split()
-        assert added[-1:] == [record.commit] and record.tag == f"ddtree-{version}"
+        added = _git(REPO, "log", "--diff-filter=A", "--format=%H", "--", path).split()  # newest first
+        assert record.commit in added and record.tag == f"ddtree-{version}"
         manifest = subprocess.run(["git", "-C", str(REPO), "show", f"{record.commit}:{path}"], capture_output=True)
         assert sha256_bytes(manifest.stdout) == record.manifest_sha256
+        for earlier in added[added.index(record.commit) + 1 :]:  # an export withdrawn before release
+            withdrawn = subprocess.run(["git", "-C", str(REPO), "show", f"{earlier}:{path}"], capture_output=True)
+            assert sha256_bytes(withdrawn.stdout) != record.manifest_sha256, (version, earlier)
 
 
 def test_a_host_file_pins_a_release_version_only():
@@ -189,16 +193,28 @@ def test_a_host_pinned_to_an_archived_release_is_refused_naming_the_restore_comm
 
 def _release_repo(repo: Path, versions: list[str]) -> Path:
     """A git repository with small copies of the newest release as `versions`, one commit each."""
-    root = repo / "patches" / "ddtree"
-    source = ROOT / list_versions(root=ROOT)[-1]
     _git(repo.parent, "init", "-q", repo.name)
     for v in versions:
-        shutil.copytree(source, root / v)
-        manifest = (root / v / "manifest.yaml").read_text()
-        (root / v / "manifest.yaml").write_text(manifest.replace(f"version: {source.name}\n", f"version: {v}\n"))
-        _git(repo, "add", ".")
-        _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", f"Release {v}")
-    return root
+        _release(repo, v)
+    return repo / "patches" / "ddtree"
+
+
+def _release(repo: Path, version: str, created: str | None = None) -> str:
+    """Commit a copy of the newest release as `version` (its manifest's date `created`); the commit."""
+    source = ROOT / list_versions(root=ROOT)[-1]
+    dest = repo / "patches" / "ddtree" / version
+    shutil.copytree(source, dest)
+    manifest = (dest / "manifest.yaml").read_text().replace(f"version: {source.name}\n", f"version: {version}\n")
+    if created:
+        manifest = re.sub(r"^created: .*$", f"created: '{created}'", manifest, count=1, flags=re.M)
+    (dest / "manifest.yaml").write_text(manifest)
+    return _commit(repo, f"Release {version}")
+
+
+def _commit(repo: Path, message: str) -> str:
+    _git(repo, "add", "-A", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
+    return _git(repo, "rev-parse", "HEAD")
 
 
 def test_archive_tags_records_and_removes_what_falls_out_and_returns_a_pinned_one(tmp_path, cache):
@@ -215,3 +231,24 @@ def test_archive_tags_records_and_removes_what_falls_out_and_returns_a_pinned_on
     change = apply_window(root, pins=["1.0.0", "1.0.2"], keep=2)
     assert (change.archived, change.returned) == ([], ["1.0.2"])
     assert list_versions(root=root) == ["1.0.0", "1.0.2", "1.0.3", "1.0.4"] and list(read_archive(root)) == ["1.0.1"]
+
+
+def test_a_release_exported_withdrawn_and_exported_again_is_archived_from_its_second_export(tmp_path, cache):
+    """The withdrawn export's commit holds other files: the record, the tag and a restore take the
+    commit that added the released ones."""
+    repo = tmp_path / "repo"
+    root = _release_repo(repo, [])
+    withdrawn = _release(repo, "1.0.0", created="2026-01-01")
+    shutil.rmtree(root / "1.0.0")
+    _commit(repo, "withdraw 1.0.0")
+    released = _release(repo, "1.0.0", created="2026-01-02")
+    _release(repo, "1.0.1")
+    _release(repo, "1.0.2")
+    change = apply_window(root, pins=[], keep=2)
+    assert change.archived == ["1.0.0"]
+    record = read_archive(root)["1.0.0"]
+    assert record.commit == released != withdrawn and record.created == "2026-01-02"
+    assert _git(repo, "rev-parse", "ddtree-1.0.0^{commit}") == released
+    restored = restore_release("1.0.0", root=root)
+    assert restored.source == "tag ddtree-1.0.0"
+    assert load_patch_set(restored.path).created == "2026-01-02"

@@ -224,13 +224,22 @@ def restore_release(version: str, root: Path | None = None, name: str = PATCH_SE
 
 
 def _added_in(repo: Path, directory: str) -> str:
-    """The commit that added a release directory (its manifest), refusing one not committed as is."""
-    commits = git_out(repo, "log", "--diff-filter=A", "--format=%H", "--", f"{directory}/manifest.yaml").split()
+    """The commit that added a release directory as it stands (its manifest, byte for byte),
+    refusing one not committed as is. The first such add: an export withdrawn before it left the
+    machine and released again was added twice, and only the second add holds the released
+    files; a release brought back later is added again with the same files, and the first add
+    is the release."""
+    manifest = f"{directory}/manifest.yaml"
+    commits = git_out(repo, "log", "--diff-filter=A", "--format=%H", "--", manifest).split()
     if not commits:
         raise PatchSetError(f"{directory} is not committed yet; commit it, then apply the window")
     if git_out(repo, "status", "--porcelain", "--", f"{directory}/"):
         raise PatchSetError(f"{directory} has uncommitted changes; released sets are immutable")
-    return commits[-1]
+    current = (repo / manifest).read_bytes()
+    for commit in reversed(commits):  # oldest first
+        if git(repo, "show", f"{commit}:{manifest}").stdout == current:
+            return commit
+    raise PatchSetError(f"{manifest} differs from every commit that added it; released sets are immutable")
 
 
 def _tag(repo: Path, tag: str, commit: str) -> bool:
