@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from processes import alive
-from test_bench_interrupt import _free_port, _launch_args, _stand_in_pids
+from test_bench_interrupt import _free_port, _healthy_config, _launch_args, _stand_in_pids
+from test_launch_lifecycle import _record
 
 pytestmark = pytest.mark.sshd
 
@@ -35,16 +34,6 @@ def marks(hosts, cli, tmp_path):
     for pid in _stand_in_pids(marks):
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
-
-
-def _record(launch_dir: Path) -> dict:
-    return json.loads((launch_dir / "launch.json").read_text())
-
-
-def _config_at(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=5) as resp:  # noqa: S310
-        info = json.loads(resp.read())
-    return "ddtree" if info.get("speculative_dflash_tree_budget") else "other"
 
 
 @pytest.mark.parametrize("diverging", ["", "ddtree"], ids=["equal", "ddtree-diverges"])
@@ -77,5 +66,5 @@ def test_the_greedy_check_compares_every_probe_token_and_a_failure_keeps_the_lau
     record = _record(launch_dir)
     assert record["state"] == "running" and record["topology"] == "tp8", record
     restarted = record["units"][0]["pid"]
-    assert alive(restarted) and _config_at(port) == "ddtree"
+    assert alive(restarted) and _healthy_config(f"http://127.0.0.1:{port}") == "ddtree"
     assert [p for p in _stand_in_pids(marks) if alive(p)] == [restarted], (pid, restarted)
