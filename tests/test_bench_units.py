@@ -29,6 +29,7 @@ def test_cpu_tiny_renders_for_the_local_host_with_the_harness_and_says_so():
     assert "--device \\\n  cpu" in unit.script and "--speculative-dflash-tree-budget 14" in unit.script
     assert "--attention-backend torch_native" in unit.script and "--tp-size 2" in unit.script
     assert "export CUDA_VISIBLE_DEVICES=''" in unit.env and "SGLANG_CPU_OMP_THREADS_BIND='0|1'" in unit.env
+    assert "\nexport OMP_NUM_THREADS=1\n" in unit.env  # one thread per rank's core
     # The CPU copy first on the path; no JIT cache, no GPU hardware profile values.
     assert unit.env.rstrip().splitlines()[-1].startswith(f"export PYTHONPATH={engine}/cpu-tree/python:")
     assert "SGLANG_JIT_CACHE_DIR" not in unit.env and "NCCL_P2P_DISABLE" not in unit.env

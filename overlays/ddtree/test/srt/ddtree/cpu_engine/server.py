@@ -294,6 +294,12 @@ def server_env(python_dir: Path, env: Mapping[str, str] | None = None) -> dict:
         # then sleep 5 s for py-spy and CUDA core dumps before it exits.
         "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
         "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
+        # One OpenMP thread per rank: the core ``tp_args`` gives it. SGLang binds
+        # a rank's threads only through the AMX / arm64 sgl_kernel; elsewhere
+        # torch starts one thread per core in every rank, the ranks (and the
+        # suite's other worker) oversubscribe the cores, and each parallel
+        # region waits for a descheduled thread (docs/cpu-engine.md).
+        "OMP_NUM_THREADS": "1",
     })
     child.update(env or {})
     return child
@@ -319,7 +325,8 @@ def tp_args(tp: int) -> tuple[list[str], dict[str, str]]:
     """(server args, env) for tensor parallelism ``tp`` on this CPU machine.
 
     SGLang binds each TP rank's OpenMP threads to a NUMA node unless told which
-    cores to use; a test machine has one node, so rank r gets core r mod cores.
+    cores to use; a test machine has one node, so rank r gets core r mod cores
+    (one thread each: ``server_env``).
     """
     cores = os.cpu_count() or 1
     bind = "|".join(str(rank % cores) for rank in range(tp))
