@@ -3,16 +3,21 @@
     .venv/bin/python bench/bench_push.py [--sizes 1,8] [--reps 3] [--tools-venv DIR] [--version DIR|V]
 
 Starts its own OpenSSH hosts (tests/sshd_hosts.py) on loopback, each with a clone of the pristine
-SGLang base, and times, per fleet size, the first push of a patch set and a second (no-op) push:
-  * ddeploy: `ddeploy push` (the real CLI as a subprocess, --parallel 8);
+SGLang base, and times, per fleet size, the first push of a patch set and a second (no-op) push
+right after it, each tool with its default connection reuse:
+  * ddeploy: `ddeploy push` (the real CLI as a subprocess, --parallel 8); the first push connects
+    (a connection master), the no-op push runs over the connection it kept (control.py);
   * Ansible (ansible-core): copy the set, `git apply -R --check` (applied already?), else
-    `git apply --index`; forks 8, strict host keys through the same ssh_config;
-  * pyinfra 3: `files.sync` of the set plus the same git commands, --parallel 8.
+    `git apply --index`; forks 8, strict host keys through the same ssh_config, and Ansible's
+    default ssh arguments (ControlMaster=auto, ControlPersist=60s);
+  * pyinfra 3: `files.sync` of the set plus the same git commands, --parallel 8 (no reuse).
+Before every first push the kept connections of both are closed: a first push always connects.
 Ansible and pyinfra come from --tools-venv (default /tmp/bench-venv: `python -m venv
 /tmp/bench-venv && /tmp/bench-venv/bin/pip install ansible-core 'pyinfra>=3,<4'`), never from
 the project venv; a tool that is not installed is skipped. The tools run alternately, each
 repetition on freshly reset checkouts; medians of --reps. Also prints one `ssh host true` round
-trip (timed in every round, beside the tools) and `ddeploy --version` / `--help` start-up times.
+trip (timed in every round, beside the tools; and once more over an OpenSSH ControlMaster, for
+scale) and `ddeploy --version` / `--help` start-up times.
 ddeploy's package is byte-compiled first, as the installed Ansible and pyinfra are. Asserts
 nothing about timing.
 """
@@ -121,7 +126,9 @@ class Tools:
         env = {
             **os.environ,
             "ANSIBLE_HOST_KEY_CHECKING": "True",
-            "ANSIBLE_SSH_ARGS": f"-F {self.fleet.ssh_config} -o ControlMaster=no",
+            # Ansible's own default (-C -o ControlMaster=auto -o ControlPersist=60s), plus the config
+            "ANSIBLE_SSH_ARGS": f"-F {self.fleet.ssh_config} -C -o ControlMaster=auto -o ControlPersist=60s",
+            "ANSIBLE_SSH_CONTROL_PATH_DIR": str(self.work / "ansible-cp"),
             "ANSIBLE_FORKS": "8",
             "ANSIBLE_NOCOLOR": "1",
             "ANSIBLE_LOCAL_TEMP": str(self.work / "ansible-tmp"),
@@ -153,7 +160,18 @@ class Tools:
         return timed(argv + ["--parallel", "8"], cwd=self.work)
 
 
-def reset(fleet: SshdFleet) -> None:
+def close_kept_connections(work: Path) -> None:
+    """No tool starts a first push with a connection kept from before: ddeploy's masters and
+    Ansible's ControlPersist masters are closed."""
+    from deployer.transport.control import disconnect
+
+    disconnect()
+    for sock in (work / "ansible-cp").glob("*"):
+        subprocess.run(["ssh", "-S", str(sock), "-O", "exit", "kept"], capture_output=True)
+
+
+def reset(fleet: SshdFleet, work: Path) -> None:
+    close_kept_connections(work)
     fleet.reset()
     # A first push is one from a client that never shipped the set to these hosts.
     shutil.rmtree(Path(os.environ["DDEPLOY_CACHE_DIR"]) / "shipped", ignore_errors=True)
@@ -187,6 +205,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ddeploy-bench-") as tmp:
         os.environ.setdefault("DDEPLOY_CACHE_DIR", str(Path(tmp) / "cache"))
+        os.environ["DDEPLOY_CONTROL_DIR"] = str(Path(tmp) / "control")  # the bench's own kept connections
         real_base = Path.home() / ".cache" / "ddeploy" / "base"
         if real_base.is_dir() and not (Path(tmp) / "cache" / "base").exists():
             (Path(tmp) / "cache").mkdir()
@@ -197,6 +216,8 @@ def main() -> None:
 
             set_dir = resolve_dir(args.version)
         fleet = SshdFleet.start(Path(tmp) / "hosts", count=max(sizes), first_octet=31, prefix="b")
+        mux = ["ssh", "-F", str(fleet.ssh_config), "-o", "ControlMaster=auto", "-o", f"ControlPath={tmp}/ssh-%C"]
+        mux += ["-o", "ControlPersist=30"]
         try:
             tools = Tools(fleet, set_dir, Path(tmp) / "work", args.tools_venv)
             names = tools.available()
@@ -209,11 +230,15 @@ def main() -> None:
                 for _ in range(args.reps):
                     rtts.append(timed(ssh))  # in every round too, so the ratio compares like with like
                     for tool in names:  # alternating: one repetition of each tool, then the next round
-                        reset(fleet)
+                        reset(fleet, tools.work)
                         times.setdefault((tool, n, "first"), []).append(tools.run(tool, n))
                         times.setdefault((tool, n, "no-op"), []).append(tools.run(tool, n))
             version, help_ = startup_times(args.reps)
+            timed([*mux, *ssh[3:]])  # the master
+            mux_rtt = statistics.median(timed([*mux, *ssh[3:]]) for _ in range(args.reps))
         finally:
+            close_kept_connections(Path(tmp) / "work")
+            subprocess.run([*mux, "-O", "exit", fleet.hosts[0].name], capture_output=True)
             fleet.close()
     rtt = statistics.median(rtts)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -225,8 +250,9 @@ def main() -> None:
             rows.append(row)
     headers = ["hosts", "push"] + [f"{t} s" for t in names] + [f"{t} / ddeploy" for t in names[1:]]
     print(
-        f"set {set_dir.name}, medians of {args.reps}; one `ssh host true`: {rtt:.2f} s; "
-        f"no-op push of 1 host / ssh round trip: {med[('ddeploy', sizes[0], 'no-op')] / rtt:.1f}x"
+        f"set {set_dir.name}, medians of {args.reps}; one `ssh host true`: {rtt:.2f} s "
+        f"({mux_rtt:.2f} s over an OpenSSH ControlMaster); "
+        f"no-op push of 1 host / ssh round trip: {med[('ddeploy', sizes[0], 'no-op')] / rtt:.2f}x"
     )
     print(f"ddeploy --version {version:.2f} s, --help {help_:.2f} s")
     print(f"load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")

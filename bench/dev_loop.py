@@ -6,7 +6,8 @@ Starts one OpenSSH host whose python imports SGLang from its checkout (tests/hos
 copies the overlay (overlays/ddtree, read only) to a scratch directory. Each round makes a
 one-line edit to --file in that copy (a comment with the round's number), then, alternately:
   * ddeploy: `ddeploy test --remote --host k1 --overlay COPY -k EXPR` (the dev snapshot: the
-    overlay's checks, the push of the changed set, pytest on the host, the report back);
+    overlay's checks, the push of the changed set, pytest on the host, the report back), over the
+    connection the first round kept (ddeploy's default; control.py);
   * by hand: `scp` of the edited file into a second checkout on the same host (a copy of the
     first, made after ddeploy's first push, so it holds the same tree), then `ssh host pytest`
     with the same python, the same tests and the same -k.
@@ -101,8 +102,9 @@ def main() -> None:
         real_base = Path.home() / ".cache" / "ddeploy" / "base"
         if real_base.is_dir():
             (cache / "base").symlink_to(real_base)  # read-only use of the built base
-        env = {**os.environ, "DDEPLOY_CACHE_DIR": str(cache)}
         os.environ["DDEPLOY_CACHE_DIR"] = str(cache)
+        os.environ["DDEPLOY_CONTROL_DIR"] = str(Path(tmp) / "control")  # the bench's own kept connections
+        env = dict(os.environ)
         overlay = Path(tmp) / "overlay"
         shutil.copytree(ROOT / "overlays" / "ddtree", overlay, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         fleet = start_python_fleet(Path(tmp) / "hosts", count=1)
@@ -118,6 +120,9 @@ def main() -> None:
                 runs["ddeploy"].append(loop.ddeploy())
                 runs["by hand"].append(loop.by_hand_loop())
         finally:
+            from deployer.transport.control import disconnect
+
+            disconnect()
             fleet.close()
     hand, tool = statistics.median(runs["by hand"]), statistics.median(runs["ddeploy"])
     print(f"dev loop: a one-line edit of {args.file}, then the tests -k {args.expr}; medians of {args.reps}")

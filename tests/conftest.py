@@ -96,6 +96,9 @@ def _isolated_cache(tmp_path_factory):
         mp.setenv("DDEPLOY_CACHE_DIR", str(cache))
         # Refused connects are still retried (3 times), just without the user's 1 s, 2 s, 4 s waits.
         mp.setenv("DDEPLOY_CONNECT_BACKOFF", os.environ.get("DDEPLOY_CONNECT_BACKOFF", "0.05"))
+        # Each test sees its own command's connection (host keys changed, sshd restarted, links cut
+        # between commands); tests/test_control.py proves the kept connections users get by default.
+        mp.setenv("DDEPLOY_CONTROL_PERSIST", os.environ.get("DDEPLOY_CONTROL_PERSIST", "0"))
         if wheels and not os.environ.get("DDEPLOY_SGLANG_WHEEL"):
             mp.setenv("DDEPLOY_SGLANG_WHEEL", str(wheels[0]))
         yield cache

@@ -280,6 +280,20 @@ def hosts(app: AppContext, as_json):
     say(table(rows, ["host", "target", "gpus", "arch", "link", "checkout", "groups"]))
 
 
+@cli.command()
+@click.option("--host", "-H", "names", multiple=True, help="Host name (repeatable); default: every kept connection.")
+@click.option("--group", "-g", "groups", multiple=True, help="All hosts of a group (repeatable).")
+@click.pass_obj
+def disconnect(app: AppContext, names, groups):
+    """Close the SSH connections kept open after earlier commands (as `ssh -O exit`); they close
+    on their own DDEPLOY_CONTROL_PERSIST seconds (default 60) after their last command."""
+    from ..transport.control import disconnect as close_kept
+
+    chosen = app.inventory.select(names, groups, False) if names or groups else None
+    closed = close_kept(chosen)
+    say(f"closed the kept connection to {', '.join(closed)}" if closed else "no kept connection was open")
+
+
 def _no_inventory_note() -> str:
     from ..locations import inventory_candidates
 

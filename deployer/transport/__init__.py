@@ -4,7 +4,10 @@ connection.py     open_connection: an SSH host or this machine (it names the par
 command.py        the Connection interface: argv commands, RunResult, commands started early
 local.py          this machine as a host (subprocesses)
 ssh_connection.py an SSH host: commands on paramiko channels, exit signals, a cut link
-retries.py        connect timeouts and which failures are tried again
+timeouts.py       connect and command timeouts, from the environment (no paramiko)
+retries.py        which connect failures are tried again
+control.py        connections kept open between commands (ControlPersist): the client side
+control_master.py the process that keeps them
 connect_errors.py one line per failed connect
 ssh.py            a host's fabric.Connection and ProxyJump gateways, strict host keys on every hop
 agent_client.py   ships the agent (deployer/agent/, one bundle) over one connection per command,

@@ -17,18 +17,33 @@ local.py (LocalConnection), ssh_connection.py (SSHConnection, its channels), con
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .command import Connection, RunResult, StartedCommand, Stream, killed_by, quote_argv, signal_rc
-from .connect_errors import describe_connect_error
 from .local import LocalConnection
-from .retries import Timeouts, is_transient, with_retries
-from .ssh_connection import SSHConnection
+from .timeouts import Timeouts
 
 if TYPE_CHECKING:
     from ..inventory import Host
 
-__all__ = [
+# Loaded when first used: a command that reuses a kept connection (control.py) never loads paramiko.
+_LAZY = {
+    "SSHConnection": "ssh_connection",
+    "describe_connect_error": "connect_errors",
+    "is_transient": "retries",
+    "with_retries": "retries",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_LAZY[name]}", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [  # noqa: F822 - four of them load on first use (__getattr__)
     "Connection",
     "LocalConnection",
     "RunResult",
@@ -40,6 +55,7 @@ __all__ = [
     "is_transient",
     "killed_by",
     "open_connection",
+    "open_direct",
     "quote_argv",
     "signal_rc",
     "with_retries",
@@ -51,10 +67,20 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 def open_connection(host: Host, *, accept_new_host_keys: bool = False, timeouts: Timeouts | None = None) -> Connection:
-    """Connect to a host (raises ConnectError); use as a context manager to close it.
+    """Connect to a host (raises ConnectError); use as a context manager to close it. An SSH host
+    is reached through its kept connection where reuse is on (control.py).
 
     Timeouts default to the DDEPLOY_*_TIMEOUT settings, so every command honours them."""
+    from .control import Connector
+
+    return Connector([host], accept_new_host_keys=accept_new_host_keys, timeouts=timeouts).open(host)
+
+
+def open_direct(host: Host, *, accept_new_host_keys: bool = False, timeouts: Timeouts | None = None) -> Connection:
+    """This command's own connection to the host, closed with it."""
     timeouts = timeouts or Timeouts.from_env()
     if host.is_local:
         return LocalConnection(host, timeouts)
+    from .ssh_connection import SSHConnection
+
     return SSHConnection(host, accept_new_host_keys=accept_new_host_keys, timeouts=timeouts)

@@ -9,7 +9,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from .agent_client import AgentSession
-from .connection import open_connection
+from .control import Connector
 
 if TYPE_CHECKING:
     from ..inventory import Host
@@ -47,6 +47,8 @@ class EarlyAgents:
         self._op: str | None = None
         self._closed = False
         self._futures: dict[str, Future[AgentSession]] = {}
+        # one connection master for every host without a kept connection (control.py)
+        self._connector = Connector([h for h in hosts if not h.is_local], accept_new_host_keys=accept_new_host_keys)
         for host in hosts:
             if host.is_local or host.name in self._futures:
                 continue  # nothing to hide on this machine
@@ -57,7 +59,7 @@ class EarlyAgents:
 
     def _open(self, host: Host, future: Future) -> None:
         try:
-            conn = open_connection(host, accept_new_host_keys=self.accept_new_host_keys)
+            conn = self._connector.open(host)
             session = AgentSession(conn, host, self.command)
         except BaseException as exc:  # noqa: BLE001 - handed to whoever takes the session
             future.set_exception(exc)

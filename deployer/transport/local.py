@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import RemoteCommandError
 from .command import Connection, LineSplitter, RunResult, Stream, check_result, signal_rc
-from .retries import Timeouts
+from .timeouts import Timeouts
 
 if TYPE_CHECKING:
     from ..inventory import Host

@@ -1,0 +1,226 @@
+"""Kept connections (deployer/transport/control.py) against real sshd hosts: a later command uses
+the first one's connection, behaves as over its own, and never outlives a check a fresh connect
+would fail. The rest of the suite runs with reuse off (conftest.py), so each of its tests sees its
+own command's connection."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from deployer.errors import ConnectError, RemoteCommandError
+from deployer.inventory import Inventory
+from deployer.transport import control
+from deployer.transport.connection import open_connection
+
+pytestmark = pytest.mark.sshd
+MASTER = "deployer.transport.control_master"
+
+
+@pytest.fixture
+def kept(hosts, monkeypatch):
+    """Reuse on (60 s), in a socket directory of this test's own; every master gone afterwards."""
+    directory = Path(tempfile.mkdtemp(prefix="ddc-", dir="/tmp")) / "control"
+    monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", "60")
+    monkeypatch.setenv("DDEPLOY_CONTROL_DIR", str(directory))
+    yield directory
+    if directory.is_dir():
+        directory.chmod(0o700)  # a test made it public
+    control.disconnect()
+    _wait(lambda: not _masters(directory), "the masters to exit")
+    for pid in _masters(directory):
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(directory.parent, ignore_errors=True)
+
+
+def _masters(directory: Path) -> list[int]:
+    """The connection masters serving `directory`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if MASTER.encode() in cmdline and f"DDEPLOY_CONTROL_DIR={directory}".encode() in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def _wait(done, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _host(fleet, name):
+    return Inventory.load(fleet.inventory_dir).get(name)
+
+
+def _stop_listener(sshd_host) -> None:
+    """The host's sshd stops accepting; the sessions it already has keep running."""
+    os.kill(sshd_host.proc.pid, signal.SIGKILL)
+    sshd_host.proc.wait()
+    sshd_host.proc = None
+
+
+def test_a_later_command_runs_over_the_first_ones_connection(hosts, kept, ddeploy, patch_sets, monkeypatch):
+    first = ddeploy("push", "--version", str(patch_sets["v2"]), "--host", "h1")
+    assert first.code == 0, first.stderr
+    assert "[h1] shipping" in first.stderr  # progress lines come through the master as they happen
+    assert len(list(kept.glob("*.sock"))) == 1 and len(_masters(kept)) == 1
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o700
+    _stop_listener(hosts.host("h1"))  # a new connect is now refused: only the kept one can work
+    try:
+        again = ddeploy("push", "--version", str(patch_sets["v2"]), "--host", "h1")
+        assert again.code == 0, again.stderr
+        assert "already applied" in again.stderr
+        status = ddeploy("status", "--host", "h1", "--json")
+        assert status.code == 0 and '"version": "0.2.0"' in status.stdout
+        monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", "0")  # control: a command's own connect fails
+        own = ddeploy("status", "--host", "h1")
+        assert own.code != 0 and "refused" in own.stderr
+    finally:
+        hosts.host("h1").start()
+
+
+def test_commands_behave_as_over_their_own_connection(hosts, kept):
+    h1 = hosts.hosts[0]
+    with open_connection(_host(hosts, "h1")) as conn:
+        assert isinstance(conn, control.SharedConnection)
+        assert conn.run(["printf", "%s|", "a b", "$HOME", "`id`", "x;y"]).stdout == "a b|$HOME|`id`|x;y|"
+        assert conn.run(["sh", "-c", "echo $DDEPLOY_TEST_HOST"]).stdout.strip() == "h1"
+        assert conn.run(["pwd"], cwd=str(h1.checkout)).stdout.strip() == str(h1.checkout)
+        assert conn.run(["cat"], input=b"through stdin").stdout == "through stdin"
+        with pytest.raises(RemoteCommandError, match=r"\[h1\].*exited 3"):
+            conn.run(["sh", "-c", "exit 3"])
+        lines: list[str] = []
+        conn.run(["sh", "-c", "echo one >&2; echo two >&2"], stream=lines.append)
+        assert lines == ["one", "two"]
+        killed = conn.run(["sh", "-c", "echo going >&2; kill -TERM $$"], check=False)
+        assert (killed.signal, killed.rc, killed.stderr) == ("TERM", 143, "going\n")
+        with pytest.raises(RemoteCommandError, match="timed out after 0.5s"):
+            conn.run(["sleep", "5"], timeout=0.5)
+        started = conn.start(["cat"], first_input=b"first ")
+        assert started.finish(b"rest").stdout == "first rest"
+
+
+def test_a_client_that_goes_away_ends_its_remote_command(hosts, kept, tmp_path):
+    """Ctrl-C or a killed client: the master closes the command's channel, so the command sees
+    the end of its stdin (the agent then stops), as over a cut link."""
+    marker = hosts.hosts[0].root / "client-gone"
+    marker.unlink(missing_ok=True)
+    script = f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from deployer.inventory import Inventory
+from deployer.transport.connection import open_connection
+host = Inventory.load({str(hosts.inventory_dir)!r}).get("h1")
+conn = open_connection(host)
+started = conn.start(["sh", "-c", "cat >/dev/null; touch {marker}"], hold_stdin=True)
+print("started", flush=True)
+started.finish(b"")  # stdin held open: waits until killed
+"""
+    client = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=os.environ)
+    assert client.stdout.readline().strip() == "started"
+    time.sleep(0.5)
+    assert not marker.exists()  # stdin is held: the remote command still waits
+    client.kill()
+    client.wait()
+    _wait(marker.exists, "the remote command to see the end of its stdin")
+    with open_connection(_host(hosts, "h1")) as conn:  # the kept connection serves on
+        assert conn.run(["true"]).rc == 0
+    assert len(_masters(kept)) == 1
+
+
+def test_a_key_no_longer_trusted_is_refused_not_reused(hosts, kept, ddeploy):
+    assert ddeploy("status", "--host", "h1").code == 0  # kept
+    hosts.forget_host_key(hosts.host("h1"))
+    status = ddeploy("status", "--host", "h1")
+    assert status.code != 0
+    assert "not in known_hosts" in status.stderr
+    _wait(lambda: not list(kept.glob("*.sock")), "the stale connection to close")
+    hosts.write_known_hosts()
+    assert ddeploy("status", "--host", "h1").code == 0
+
+
+def test_a_failed_connect_leaves_nothing_running(hosts, kept, ddeploy, monkeypatch):
+    hosts.forget_host_key(hosts.host("h2"))
+    shared = ddeploy("status", "--host", "h2")
+    monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", "0")
+    own = ddeploy("status", "--host", "h2")
+    assert shared.code == own.code != 0
+    line = [ln for ln in shared.stderr.splitlines() if "known_hosts" in ln]
+    assert line and line == [ln for ln in own.stderr.splitlines() if "known_hosts" in ln]
+    _wait(lambda: not _masters(kept), "the master to exit")
+    assert not list(kept.glob("*.sock"))
+
+
+def test_one_master_connects_every_host_of_a_command(hosts, kept, ddeploy, patch_sets):
+    res = ddeploy("push", "--version", str(patch_sets["v2"]), "--host", "h1", "--host", "h2", "--host", "h3")
+    assert res.code == 0, res.stderr
+    assert len(list(kept.glob("*.sock"))) == 3 and len(_masters(kept)) == 1
+    closed = ddeploy("disconnect", "--host", "h2")
+    assert closed.code == 0 and "closed the kept connection to h2" in closed.stderr
+    assert len(list(kept.glob("*.sock"))) == 2
+    assert "no kept connection" in ddeploy("disconnect", "--host", "h2").stderr
+    everything = ddeploy("disconnect")
+    assert everything.code == 0 and "h1" in everything.stderr and "h3" in everything.stderr
+    _wait(lambda: not _masters(kept), "the master to exit after its last host")
+    assert not list(kept.glob("*.sock"))
+
+
+def test_an_idle_connection_closes_after_the_persist_time(hosts, kept, ddeploy, monkeypatch):
+    monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", "1")
+    assert ddeploy("status", "--host", "h3").code == 0
+    assert _masters(kept)
+    _wait(lambda: not _masters(kept) and not list(kept.glob("*.sock")), "the idle master to exit", timeout=8)
+
+
+def test_a_socket_directory_others_can_use_is_refused(hosts, kept, ddeploy):
+    kept.mkdir(mode=0o700)
+    kept.chmod(0o755)
+    res = ddeploy("status", "--host", "h1")
+    assert res.code != 0
+    assert f"the connection directory {kept} is not private to this user" in res.stderr
+    assert "mode 755" in res.stderr and not _masters(kept)
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "1e9"])
+def test_a_bad_persist_setting_is_one_line(hosts, kept, ddeploy, monkeypatch, value):
+    monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", value)
+    res = ddeploy("status", "--host", "h1")
+    assert res.code != 0
+    assert f"DDEPLOY_CONTROL_PERSIST={value!r} is not a number of seconds" in res.stderr
+    assert len(res.stderr.strip().splitlines()) <= 3 and "Traceback" not in res.stderr
+
+
+def test_a_changed_inventory_entry_is_another_connection(hosts):
+    h1 = _host(hosts, "h1")
+    moved = h1.model_copy(update={"ssh": h1.ssh.model_copy(update={"port": 2222})})
+    assert control.connection_name(h1) != control.connection_name(moved)
+    assert control.connection_name(h1) == control.connection_name(_host(hosts, "h1"))
+
+
+def test_a_command_with_accept_new_host_keys_connects_itself(hosts, kept):
+    conn = control.Connector([_host(hosts, "h1")], accept_new_host_keys=True).open(_host(hosts, "h1"))
+    with conn:
+        assert not isinstance(conn, control.SharedConnection)
+    assert not _masters(kept)
+
+
+def test_connect_errors_through_the_master_keep_their_kind(hosts, kept):
+    hosts.forget_host_key(hosts.host("h3"))
+    with pytest.raises(ConnectError, match=r"^\[h3\] .*not in known_hosts"):
+        open_connection(_host(hosts, "h3"))
