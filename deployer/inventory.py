@@ -201,7 +201,7 @@ def parse_host(data: object, source: str, index: int | None = None) -> Host:
         raise InventoryError(f"{where}: host '{name}': field {field_error(exc)}") from None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser when built with it
     """safe_load that refuses a repeated key (YAML would silently keep the last one)."""
 
     def construct_mapping(self, node, deep=False):

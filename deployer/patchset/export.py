@@ -106,19 +106,24 @@ def check_hunk_files(overlay: Overlay) -> None:
             raise PatchSetError(f"hunk file {h} is listed by no concern in {overlay.path / 'concerns.yaml'}")
 
 
-def copy_new_files(overlay: Overlay, files: list[str], work: Path) -> None:
-    """New files are kept whole (only the executable bit of the mode is carried over) and staged.
-
-    The scratch clone has no checkout: only these files are written, everything else stays in
-    the index."""
-    if not files:
-        return
-    shadowed = git_out(work, "ls-files", "--", *files, env=EXPORT_ENV).splitlines()
+def refuse_shadowing(files: list[str], work: Path) -> None:
+    """New files must be new: one that SGLang already has is changed with a hunk instead."""
+    shadowed = git_out(work, "ls-files", "--", *files, env=EXPORT_ENV).splitlines() if files else []
     if shadowed:
         raise PatchSetError(
             f"overlay file {shadowed[0]} already exists in SGLang; change it with a hunk "
             f"under {HUNKS_DIR}/ instead of a full copy"
         )
+
+
+def copy_new_files(overlay: Overlay, files: list[str], work: Path) -> None:
+    """New files (refuse_shadowing checked them) are kept whole (only the executable bit of the
+    mode is carried over) and staged.
+
+    The scratch clone has no checkout: only these files are written, everything else stays in
+    the index."""
+    if not files:
+        return
     for rel in files:
         src, dst = overlay.path / rel, work / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +150,8 @@ def commit_concern(overlay: Overlay, concern: Concern, files: list[str], work: P
     """Stage and commit one concern; False when it has nothing to commit."""
     copy_new_files(overlay, files, work)
     apply_hunks(overlay, concern, work)
-    if git(work, "diff", "--cached", "--quiet", check=False, env=EXPORT_ENV).returncode == 0:
+    # A new file always changes the index; only hunks alone can leave it as it was.
+    if not files and git(work, "diff", "--cached", "--quiet", check=False, env=EXPORT_ENV).returncode == 0:
         return False
     git(
         work,
@@ -173,6 +179,7 @@ def build_patches(overlay: Overlay, base: Base, scratch: Path) -> tuple[list[Bui
     owned = assign_files(overlay)
     check_hunk_files(overlay)
     work = clone_base(scratch / "work", base.version, source=base.path, checkout=False)
+    refuse_shadowing([f for c in overlay.concerns for f in owned[c.id]], work)
     committed, skipped = [], []
     for index, concern in enumerate(overlay.concerns, start=1):
         if commit_concern(overlay, concern, owned[concern.id], work):

@@ -19,6 +19,7 @@ concern, so a new file can never be silently left out of a release.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ class Overlay:
     ignore: tuple[str, ...]
 
 
+@functools.cache  # a few dozen patterns, matched against every overlay file
 def glob_regex(pattern: str) -> re.Pattern[str]:
     """Translate a path glob (`*`, `?`, `[...]`, `**/`) into a regex over POSIX relative paths."""
     out, i = [], 0
