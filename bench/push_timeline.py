@@ -5,8 +5,10 @@
 Starts one OpenSSH host (tests/sshd_hosts.py), pushes the generated 3-patch set once, then runs
 the no-op push --reps times as a subprocess whose first lines wrap a few functions to note when
 they start and end (milliseconds since the interpreter started running the command: the connect,
-the agent's start, the client ready to send its request, the agent call). Prints the medians as
-a table, beside one `ssh host true` in every round. Asserts nothing about timing.
+the agent's start, the client ready to send its request, the agent call), in two modes: `kept`
+(ddeploy's default: the connection the first push kept, control.py) and `own`
+(DDEPLOY_CONTROL_PERSIST=0: each push connects). Prints the medians as a table, beside one
+`ssh host true` in every round. Asserts nothing about timing.
 """
 
 from __future__ import annotations
@@ -46,10 +48,18 @@ def _wrap(owner, attr, name):
         finally:
             _note(name + " end")
     setattr(owner, attr, wrapped)
-import deployer.transport.early_agents as a, deployer.transport.ssh_connection as c  # paramiko: first anyway
-_wrap(c.SSHConnection, "_open_fresh", "connect")
-_wrap(c.SSHConnection, "start", "agent start")
-_wrap(c._StartedChannel, "finish", "agent call")
+import os
+import deployer.transport.early_agents as a
+if os.environ.get("DDEPLOY_CONTROL_PERSIST") == "0":  # the command's own connection
+    import deployer.transport.ssh_connection as c  # paramiko: first anyway
+    _wrap(c.SSHConnection, "_open_fresh", "connect")
+    _wrap(c.SSHConnection, "start", "agent start")
+    _wrap(c._StartedChannel, "finish", "agent call")
+else:  # the kept connection: a look at its socket, then commands through it
+    import deployer.transport.control as c
+    _wrap(c.Connector, "__init__", "connect")
+    _wrap(c.SharedConnection, "start", "agent start")
+    _wrap(c._SharedCommand, "finish", "agent call")
 _wrap(a.EarlyAgents, "start", "client ready")
 atexit.register(lambda: (_note("exit"), sys.stderr.write("TIMELINE " + json.dumps(_notes) + "\\n")))
 from deployer.cli import main
@@ -58,12 +68,13 @@ main()
 
 ROWS = [
     ("client: imports, inventory, hosts chosen, set verified", None, "client ready start"),
-    ("connect: handshake, auth (early agents: beside the client)", "connect start", "connect end"),
-    ("agent started: session, exec of the bootstrap", "agent start start", "agent start end"),
+    ("connect: handshake, auth (kept: its socket checked)", "connect start", "connect end"),
+    ("agent started: session, exec of the bootstrap (sent)", "agent start start", "agent start end"),
     ("agent call: program and request sent, reply back", "agent call start", "agent call end"),
     ("reply rendered, exit", "agent call end", "exit"),
 ]
-MODES = {"ddeploy": {}}
+# ddeploy as users run it (the connection the first push kept), and with reuse off.
+MODES = {"kept": {}, "own": {"DDEPLOY_CONTROL_PERSIST": "0"}}
 
 
 def main() -> None:
@@ -78,6 +89,7 @@ def main() -> None:
             (Path(tmp) / "cache").mkdir()
             (Path(tmp) / "cache" / "base").symlink_to(real_base)  # read-only use of the built base
         os.environ["DDEPLOY_CACHE_DIR"] = env["DDEPLOY_CACHE_DIR"]
+        env["DDEPLOY_CONTROL_DIR"] = os.environ["DDEPLOY_CONTROL_DIR"] = str(Path(tmp) / "control")
         set_dir = build_test_patch_sets(Path(tmp) / "sets")["v2"]
         fleet = SshdFleet.start(Path(tmp) / "hosts", count=1, first_octet=35, prefix="t")
         try:
@@ -107,6 +119,9 @@ def main() -> None:
                     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("TIMELINE "))
                     runs[mode].append(dict(json.loads(line.removeprefix("TIMELINE "))))
         finally:
+            from deployer.transport.control import disconnect
+
+            disconnect()
             fleet.close()
     rtt = statistics.median(rtts)
     rows = [[label] for label, _, _ in ROWS] + [["interpreter start-up and teardown (wall minus the rest)"]]

@@ -224,3 +224,31 @@ def test_connect_errors_through_the_master_keep_their_kind(hosts, kept):
     hosts.forget_host_key(hosts.host("h3"))
     with pytest.raises(ConnectError, match=r"^\[h3\] .*not in known_hosts"):
         open_connection(_host(hosts, "h3"))
+
+
+def test_closing_the_connection_cuts_its_running_commands(hosts, kept):
+    """As closing a command's own connection does (a fleet command cutting a host's operation):
+    the waiting `finish` fails as a lost connection and the remote command sees its stdin end."""
+    import threading
+
+    marker = hosts.hosts[0].root / "cut"
+    marker.unlink(missing_ok=True)
+    conn = open_connection(_host(hosts, "h1"))
+    started = conn.start(["sh", "-c", f"cat >/dev/null; touch {marker}"], hold_stdin=True)
+    threading.Timer(0.5, conn.close).start()
+    with pytest.raises(ConnectError, match=r"^\[h1\] connection lost while running sh"):
+        started.finish(b"")
+    _wait(marker.exists, "the cut command to see the end of its stdin")
+    with open_connection(_host(hosts, "h1")) as again:  # the kept connection itself stays
+        assert again.run(["true"]).rc == 0
+
+
+def test_each_command_keeps_its_own_time_limit(hosts, kept, monkeypatch):
+    """The command that started the master had DDEPLOY_COMMAND_TIMEOUT=0.5; a later one has none."""
+    monkeypatch.setenv("DDEPLOY_COMMAND_TIMEOUT", "0.5")
+    with open_connection(_host(hosts, "h2")) as conn, pytest.raises(RemoteCommandError, match="after 0.5s"):
+        conn.run(["sleep", "2"])
+    monkeypatch.delenv("DDEPLOY_COMMAND_TIMEOUT")
+    with open_connection(_host(hosts, "h2")) as conn:
+        assert conn.run(["sh", "-c", "sleep 1; echo slept"]).stdout == "slept\n"
+    assert len(_masters(kept)) == 1

@@ -298,6 +298,24 @@ class SharedConnection(Connection):
 
     def __init__(self, host: Host, path: Path, timeouts: Timeouts):
         self.host, self.path, self.timeouts = host, path, timeouts
+        self._lock = threading.Lock()
+        self._running: set[socket.socket] = set()  # the sockets of commands not finished yet
+
+    def close(self) -> None:
+        """Cut the commands still running, as closing a connection of the command's own would:
+        their channels close and a `finish` waiting on one raises ConnectError. The kept
+        connection stays open for the next command."""
+        with self._lock:
+            running, self._running = list(self._running), set()
+        for sock in running:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _track(self, sock: socket.socket, running: bool) -> None:
+        with self._lock:
+            (self._running.add if running else self._running.discard)(sock)
 
     def start(self, argv, *, cwd=None, env=None, first_input=b"", hold_stdin=False) -> StartedCommand:
         sock = None
@@ -309,10 +327,12 @@ class SharedConnection(Connection):
             if sock is None:
                 raise OSError("no connection master listens")
             command = {"argv": [str(a) for a in argv], "cwd": cwd, "env": env, "hold_stdin": hold_stdin}
+            self._track(sock, True)
             send_frame(sock, START, json.dumps(command).encode())
             send_frame(sock, DATA, first_input)
         except OSError as exc:
             if sock is not None:
+                self._track(sock, False)
                 sock.close()
             raise ConnectError(f"lost the kept connection while starting {argv[0]}: {exc}", host=self.name) from None
         return _SharedCommand(self, list(argv), sock)
@@ -346,4 +366,6 @@ class _SharedCommand(StartedCommand):
             raise ConnectError(f"connection lost while running {self.argv[0]}: {exc}", host=name) from None
         except ValueError as exc:
             raise RemoteCommandError(f"the connection master sent a bad reply: {exc}", host=name) from None
-        raise ConnectError(f"connection lost while running {self.argv[0]}: the connection master exited", host=name)
+        finally:
+            self.conn._track(self.sock, False)
+        raise ConnectError(f"connection lost while running {self.argv[0]}: the kept connection closed", host=name)

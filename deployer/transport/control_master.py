@@ -211,7 +211,10 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     request = json.loads(sys.stdin.buffer.read())
-    persist, timeouts = float(request["persist"]), Timeouts(**request["timeouts"])
+    persist = float(request["persist"])
+    # Each command brings its own time limit (FINISH); the one of the command that started this
+    # master is not every later command's.
+    timeouts = Timeouts(**{**request["timeouts"], "command": None})
     lock = threading.Lock()
 
     def report(name: str, error: str | None) -> None:
