@@ -252,3 +252,18 @@ def test_each_command_keeps_its_own_time_limit(hosts, kept, monkeypatch):
     with open_connection(_host(hosts, "h2")) as conn:
         assert conn.run(["sh", "-c", "sleep 1; echo slept"]).stdout == "slept\n"
     assert len(_masters(kept)) == 1
+
+
+def test_a_command_mixing_kept_and_new_connections_waits_only_for_the_new(hosts, kept, ddeploy):
+    """h1 is kept; h2 and h3 are not, and h3 is down: h1 is served at once, h2 connects, h3 fails."""
+    assert ddeploy("status", "--host", "h1").code == 0
+    hosts.hosts[2].stop()
+    res = ddeploy("status", "--all", "--json")
+    assert res.code == 5, res.stderr
+    import json
+
+    results = {x["host"]: x for x in json.loads(res.stdout)}
+    assert [results[h]["ok"] for h in ("h1", "h2", "h3")] == [True, True, False]
+    assert "unreachable" in results["h3"]["error"]["message"]
+    assert results["h1"]["duration_s"] < 5
+    assert len(_masters(kept)) == 2 and len(list(kept.glob("*.sock"))) == 2

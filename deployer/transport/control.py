@@ -225,7 +225,7 @@ class Connector:
             from .connection import open_direct
 
             return open_direct(host, accept_new_host_keys=self.accept_new_host_keys, timeouts=self.timeouts)
-        if self._master is not None:
+        if self._master is not None and self._master.connects(host):
             self._master.wait(host)
         return SharedConnection(host, self.paths[host.name], self.timeouts)
 
@@ -245,6 +245,7 @@ class _MasterStart:
                 for h in hosts
             ],
         }
+        self.names = {h.name for h in hosts}
         self._done: dict[str, str | None] = {}  # host -> None (connected) or its error line
         self._ended = False  # the master's stdout closed
         self._cond = threading.Condition()
@@ -274,6 +275,9 @@ class _MasterStart:
         with self._cond:
             self._ended = True
             self._cond.notify_all()
+
+    def connects(self, host: Host) -> bool:
+        return host.name in self.names
 
     def wait(self, host: Host) -> None:
         """Until the master has connected `host` (raises its ConnectError, one line)."""

@@ -14,6 +14,7 @@ when its link drops, or when a check before a command finds that a fresh connect
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -208,6 +209,7 @@ def _connect(entry: dict[str, Any], persist: float, timeouts: Timeouts, report) 
 
 
 def main() -> None:
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())  # each failure is one reported line
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     request = json.loads(sys.stdin.buffer.read())
