@@ -9,7 +9,7 @@ right after it, each tool with its default connection reuse:
     (a connection master), the no-op push runs over the connection it kept (control.py);
   * Ansible (ansible-core): copy the set, `git apply -R --check` (applied already?), else
     `git apply --index`; forks 8, strict host keys through the same ssh_config, and Ansible's
-    default ssh arguments (ControlMaster=auto, ControlPersist=60s);
+    default ssh arguments (ControlMaster=auto, ControlPersist=60s; --ansible-ssh-args to change);
   * pyinfra 3: `files.sync` of the set plus the same git commands, --parallel 8 (no reuse).
 Before every first push the kept connections of both are closed: a first push always connects.
 Ansible and pyinfra come from --tools-venv (default /tmp/bench-venv: `python -m venv
@@ -46,6 +46,7 @@ from deployer.patchset import load_patch_set  # noqa: E402
 
 DDEPLOY = [sys.executable, "-c", "from deployer.cli import main; main()"]
 TOOL_DIRS = (".git/ansible-sets", ".git/pyinfra-sets")
+ANSIBLE_DEFAULT_SSH_ARGS = "-C -o ControlMaster=auto -o ControlPersist=60s"  # ansible-core's ssh_args
 
 PLAYBOOK = """- hosts: all
   gather_facts: false
@@ -87,8 +88,8 @@ def timed(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None =
 class Tools:
     """The three ways to push, over the same hosts."""
 
-    def __init__(self, fleet: SshdFleet, set_dir: Path, work: Path, tools_venv: Path):
-        self.fleet, self.work = fleet, work
+    def __init__(self, fleet: SshdFleet, set_dir: Path, work: Path, tools_venv: Path, ansible_ssh_args: str):
+        self.fleet, self.work, self.ansible_ssh_args = fleet, work, ansible_ssh_args
         ps = load_patch_set(str(set_dir))
         self.version = ps.version
         self.set_dir = set_dir
@@ -127,7 +128,7 @@ class Tools:
             **os.environ,
             "ANSIBLE_HOST_KEY_CHECKING": "True",
             # Ansible's own default (-C -o ControlMaster=auto -o ControlPersist=60s), plus the config
-            "ANSIBLE_SSH_ARGS": f"-F {self.fleet.ssh_config} -C -o ControlMaster=auto -o ControlPersist=60s",
+            "ANSIBLE_SSH_ARGS": f"-F {self.fleet.ssh_config} {self.ansible_ssh_args}",
             "ANSIBLE_SSH_CONTROL_PATH_DIR": str(self.work / "ansible-cp"),
             "ANSIBLE_FORKS": "8",
             "ANSIBLE_NOCOLOR": "1",
@@ -198,6 +199,11 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,8")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tools-venv", type=Path, default=Path("/tmp/bench-venv"))
+    ap.add_argument(
+        "--ansible-ssh-args",
+        default=ANSIBLE_DEFAULT_SSH_ARGS,
+        help="Ansible's ssh arguments besides -F (default: its own; `-o ControlMaster=no`: no reuse)",
+    )
     ap.add_argument("--version", help="patch set (version or directory); default: a small generated 3-patch set")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -219,7 +225,7 @@ def main() -> None:
         mux = ["ssh", "-F", str(fleet.ssh_config), "-o", "ControlMaster=auto", "-o", f"ControlPath={tmp}/ssh-%C"]
         mux += ["-o", "ControlPersist=30"]
         try:
-            tools = Tools(fleet, set_dir, Path(tmp) / "work", args.tools_venv)
+            tools = Tools(fleet, set_dir, Path(tmp) / "work", args.tools_venv, args.ansible_ssh_args)
             names = tools.available()
             h = fleet.hosts[0]
             ssh = [
@@ -254,7 +260,7 @@ def main() -> None:
         f"({mux_rtt:.2f} s over an OpenSSH ControlMaster); "
         f"no-op push of 1 host / ssh round trip: {med[('ddeploy', sizes[0], 'no-op')] / rtt:.2f}x"
     )
-    print(f"ddeploy --version {version:.2f} s, --help {help_:.2f} s")
+    print(f"ddeploy --version {version:.2f} s, --help {help_:.2f} s; Ansible's ssh args: {args.ansible_ssh_args}")
     print(f"load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
     print(table(rows, headers))
 
