@@ -125,8 +125,8 @@ def _absolute_source(host: Host) -> str:
     return host.source if host.source.startswith("<") else os.path.abspath(host.source)
 
 
-def socket_path(host: Host) -> Path:
-    return control_dir() / f"{connection_name(host)}.sock"
+def socket_in(directory: Path, host: Host) -> Path:
+    return directory / f"{connection_name(host)}.sock"
 
 
 def send_frame(sock: socket.socket, kind: bytes, payload: bytes = b"") -> None:
@@ -193,7 +193,7 @@ def disconnect(hosts: list[Host] | None = None) -> list[str]:
     paths = (
         sorted(directory.glob("*.sock"))
         if hosts is None
-        else [directory / f"{connection_name(h)}.sock" for h in hosts if not h.is_local]
+        else [socket_in(directory, h) for h in hosts if not h.is_local]
     )
     return [name for name in (_ask(p, QUIT) for p in paths) if name is not None]
 
@@ -205,27 +205,30 @@ class Connector:
     def __init__(self, hosts: list[Host], *, accept_new_host_keys: bool = False, timeouts: Timeouts | None = None):
         self.timeouts = timeouts or Timeouts.from_env()
         self.accept_new_host_keys = accept_new_host_keys
-        remote = {h.name: h for h in hosts if not h.is_local}
-        self.shared = not accept_new_host_keys and persist_seconds() > 0 and bool(remote)
-        self.paths: dict[str, Path] = {}
+        self.paths: dict[str, Path] = {}  # the hosts reached through kept connections (none: reuse off)
         self._master: _MasterStart | None = None
-        if not self.shared:
+        remote = {h.name: h for h in hosts if not h.is_local}
+        if accept_new_host_keys or not remote:
             return
-        self.paths = {name: socket_path(h) for name, h in remote.items()}
-        if any(len(str(p)) > MAX_SOCKET_PATH for p in self.paths.values()):
-            self.shared = False  # a socket path the OS cannot hold: connect as without reuse
+        persist = persist_seconds()  # read only where it matters: a bad value fails SSH commands only
+        if not persist:
             return
-        missing = [h for name, h in remote.items() if _ask(self.paths[name], HELLO) is None]
+        directory = control_dir()
+        paths = {name: socket_in(directory, h) for name, h in remote.items()}
+        if any(len(str(p)) > MAX_SOCKET_PATH for p in paths.values()):
+            return  # a socket path the OS cannot hold: connect as without reuse
+        self.paths = paths
+        missing = [h for name, h in remote.items() if _ask(paths[name], HELLO) is None]
         if missing:
-            self._master = _MasterStart(missing, {h.name: self.paths[h.name] for h in missing}, self.timeouts)
+            self._master = _MasterStart(missing, paths, persist, self.timeouts)
 
     def open(self, host: Host) -> Connection:
         """The host's connection (raises ConnectError); closing it leaves a kept one open."""
-        if host.is_local or not self.shared or host.name not in self.paths:
+        if host.name not in self.paths:  # this machine, or reuse is off
             from .connection import open_direct
 
             return open_direct(host, accept_new_host_keys=self.accept_new_host_keys, timeouts=self.timeouts)
-        if self._master is not None and self._master.connects(host):
+        if self._master is not None and host.name in self._master.names:
             self._master.wait(host)
         return SharedConnection(host, self.paths[host.name], self.timeouts)
 
@@ -234,18 +237,18 @@ class _MasterStart:
     """A connection master being started for some hosts: it reports each host on its stdout as
     one JSON line ({"host", "error"}) as soon as that host is connected or has failed."""
 
-    def __init__(self, hosts: list[Host], paths: dict[str, Path], timeouts: Timeouts):
+    def __init__(self, hosts: list[Host], paths: dict[str, Path], persist: float, timeouts: Timeouts):
         from dataclasses import asdict
 
         request = {
-            "persist": persist_seconds(),
+            "persist": persist,
             "timeouts": asdict(timeouts),
             "hosts": [
                 {"host": h.model_dump(mode="json"), "source": _absolute_source(h), "path": str(paths[h.name])}
                 for h in hosts
             ],
         }
-        self.names = {h.name for h in hosts}
+        self.names = {h.name for h in hosts}  # the hosts this master connects
         self._done: dict[str, str | None] = {}  # host -> None (connected) or its error line
         self._ended = False  # the master's stdout closed
         self._cond = threading.Condition()
@@ -275,9 +278,6 @@ class _MasterStart:
         with self._cond:
             self._ended = True
             self._cond.notify_all()
-
-    def connects(self, host: Host) -> bool:
-        return host.name in self.names
 
     def wait(self, host: Host) -> None:
         """Until the master has connected `host` (raises its ConnectError, one line)."""

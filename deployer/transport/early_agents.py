@@ -48,7 +48,7 @@ class EarlyAgents:
         self._closed = False
         self._futures: dict[str, Future[AgentSession]] = {}
         # one connection master for every host without a kept connection (control.py)
-        self._connector = Connector([h for h in hosts if not h.is_local], accept_new_host_keys=accept_new_host_keys)
+        self._connector = Connector(hosts, accept_new_host_keys=accept_new_host_keys)
         for host in hosts:
             if host.is_local or host.name in self._futures:
                 continue  # nothing to hide on this machine
