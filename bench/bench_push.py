@@ -1,6 +1,7 @@
 """Benchmark: ddeploy push against Ansible and pyinfra 3, same hosts, same run, alternating.
 
     .venv/bin/python bench/bench_push.py [--sizes 1,8] [--reps 3] [--tools-venv DIR] [--version DIR|V]
+                                         [--checkout]
 
 Starts its own OpenSSH hosts (tests/sshd_hosts.py) on loopback, each with a clone of the pristine
 SGLang base, and times, per fleet size, the first push of a patch set and a second (no-op) push
@@ -18,8 +19,8 @@ the project venv; a tool that is not installed is skipped. The tools run alterna
 repetition on freshly reset checkouts; medians of --reps. Also prints one `ssh host true` round
 trip (timed in every round, beside the tools; and once more over an OpenSSH ControlMaster, for
 scale) and `ddeploy --version` / `--help` start-up times.
-ddeploy's package is byte-compiled first, as the installed Ansible and pyinfra are. Asserts
-nothing about timing.
+ddeploy runs as a user installs it: `pip install` of this checkout into a virtual environment
+of its own (--checkout: from this checkout's .venv). Asserts nothing about timing.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from sshd_hosts import SshdFleet, build_test_patch_sets  # noqa: E402
 from deployer.cli.output import table  # noqa: E402
 from deployer.patchset import load_patch_set  # noqa: E402
 
-DDEPLOY = [sys.executable, "-c", "from deployer.cli import main; main()"]
 TOOL_DIRS = (".git/ansible-sets", ".git/pyinfra-sets")
 ANSIBLE_DEFAULT_SSH_ARGS = "-C -o ControlMaster=auto -o ControlPersist=60s"  # ansible-core's ssh_args
 
@@ -88,8 +88,10 @@ def timed(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None =
 class Tools:
     """The three ways to push, over the same hosts."""
 
-    def __init__(self, fleet: SshdFleet, set_dir: Path, work: Path, tools_venv: Path, ansible_ssh_args: str):
-        self.fleet, self.work, self.ansible_ssh_args = fleet, work, ansible_ssh_args
+    def __init__(
+        self, fleet: SshdFleet, set_dir: Path, work: Path, tools_venv: Path, ansible_ssh_args: str, ddeploy: list[str]
+    ):
+        self.fleet, self.work, self.ansible_ssh_args, self.ddeploy = fleet, work, ansible_ssh_args, ddeploy
         ps = load_patch_set(str(set_dir))
         self.version = ps.version
         self.set_dir = set_dir
@@ -112,7 +114,7 @@ class Tools:
         return getattr(self, f"_run_{tool}")(hosts)
 
     def _run_ddeploy(self, hosts) -> float:
-        args = [*DDEPLOY, "-i", str(self.fleet.inventory_dir), "push", "--version", str(self.set_dir), "-j", "8"]
+        args = [*self.ddeploy, "-i", str(self.fleet.inventory_dir), "push", "--version", str(self.set_dir), "-j", "8"]
         return timed(args + [w for h in hosts for w in ("--host", h.name)])
 
     def _run_ansible(self, hosts) -> float:
@@ -181,16 +183,27 @@ def reset(fleet: SshdFleet, work: Path) -> None:
             shutil.rmtree(h.checkout / d, ignore_errors=True)
 
 
-def byte_compile_ddeploy() -> None:
-    """Byte-compile ddeploy's own package, as `pip install` does for Ansible's and pyinfra's:
-    with PYTHONDONTWRITEBYTECODE set (this build machine sets it) every run of the editable
-    checkout would compile its source again (~70 ms), which no installed copy does."""
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "deployer")], check=True)
+def install_ddeploy(into: Path, checkout: bool = False) -> tuple[Path, list[str]]:
+    """ddeploy as a user installs it: (its python, the command that runs it). `pip install` of
+    this checkout into a virtual environment of its own (ddeploy's dependencies only,
+    byte-compiled by pip, as Ansible and pyinfra are in theirs), run by the `ddeploy` script pip
+    writes. `checkout`: this checkout's own .venv instead (quicker to set up; its site-packages
+    also hold the test suite's, torch and SGLang among them), byte-compiled: with
+    PYTHONDONTWRITEBYTECODE set, as on this build machine, every run would compile it again."""
+    if checkout:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "deployer")], check=True)
+        return Path(sys.executable), [sys.executable, "-c", "from deployer.cli import main; main()"]
+    venv = into / "ddeploy-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(ROOT)], capture_output=True, text=True)
+    if pip.returncode != 0:
+        raise SystemExit(f"pip install {ROOT} failed:\n{pip.stderr[-2000:]}")
+    return venv / "bin" / "python", [str(venv / "bin" / "ddeploy")]
 
 
-def startup_times(reps: int) -> tuple[float, float]:
-    version = statistics.median(timed([*DDEPLOY, "--version"]) for _ in range(reps))
-    help_ = statistics.median(timed([*DDEPLOY, "--help"]) for _ in range(reps))
+def startup_times(ddeploy: list[str], reps: int) -> tuple[float, float]:
+    version = statistics.median(timed([*ddeploy, "--version"]) for _ in range(reps))
+    help_ = statistics.median(timed([*ddeploy, "--help"]) for _ in range(reps))
     return version, help_
 
 
@@ -205,11 +218,12 @@ def main() -> None:
         help="Ansible's ssh arguments besides -F (default: its own; `-o ControlMaster=no`: no reuse)",
     )
     ap.add_argument("--version", help="patch set (version or directory); default: a small generated 3-patch set")
+    ap.add_argument("--checkout", action="store_true", help="run ddeploy from this checkout's .venv, not installed")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    byte_compile_ddeploy()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="ddeploy-bench-") as tmp:
+        _, ddeploy = install_ddeploy(Path(tmp), args.checkout)
         os.environ.setdefault("DDEPLOY_CACHE_DIR", str(Path(tmp) / "cache"))
         os.environ["DDEPLOY_CONTROL_DIR"] = str(Path(tmp) / "control")  # the bench's own kept connections
         real_base = Path.home() / ".cache" / "ddeploy" / "base"
@@ -225,7 +239,7 @@ def main() -> None:
         mux = ["ssh", "-F", str(fleet.ssh_config), "-o", "ControlMaster=auto", "-o", f"ControlPath={tmp}/ssh-%C"]
         mux += ["-o", "ControlPersist=30"]
         try:
-            tools = Tools(fleet, set_dir, Path(tmp) / "work", args.tools_venv, args.ansible_ssh_args)
+            tools = Tools(fleet, set_dir, Path(tmp) / "work", args.tools_venv, args.ansible_ssh_args, ddeploy)
             names = tools.available()
             h = fleet.hosts[0]
             ssh = [
@@ -239,7 +253,7 @@ def main() -> None:
                         reset(fleet, tools.work)
                         times.setdefault((tool, n, "first"), []).append(tools.run(tool, n))
                         times.setdefault((tool, n, "no-op"), []).append(tools.run(tool, n))
-            version, help_ = startup_times(args.reps)
+            version, help_ = startup_times(ddeploy, args.reps)
             timed([*mux, *ssh[3:]])  # the master
             mux_rtt = statistics.median(timed([*mux, *ssh[3:]]) for _ in range(args.reps))
         finally:

@@ -1,6 +1,6 @@
 """Benchmark: the overlay developer's loop, ddeploy against doing it by hand.
 
-    .venv/bin/python bench/dev_loop.py [--reps 5] [-k ddtree_utils] [--file PATH_IN_THE_OVERLAY]
+    .venv/bin/python bench/dev_loop.py [--reps 5] [-k ddtree_utils] [--file PATH_IN_THE_OVERLAY] [--checkout]
 
 Starts one OpenSSH host whose python imports SGLang from its checkout (tests/host_env.py) and
 copies the overlay (overlays/ddtree, read only) to a scratch directory. Each round makes a
@@ -12,8 +12,9 @@ one-line edit to --file in that copy (a comment with the round's number), then, 
     first, made after ddeploy's first push, so it holds the same tree), then `ssh host pytest`
     with the same python, the same tests and the same -k.
 Prints the median of each, the pass counts pytest reported in each loop (and a warning when they
-differ: then the loops did not run the same tests) and ddeploy's overhead in seconds. Asserts
-nothing about timing.
+differ: then the loops did not run the same tests) and ddeploy's overhead in seconds. ddeploy
+runs as a user installs it (bench_push.install_ddeploy; --checkout: from this checkout's .venv).
+Asserts nothing about timing.
 """
 
 from __future__ import annotations
@@ -36,11 +37,8 @@ sys.path.insert(0, str(ROOT))
 
 from host_env import start_python_fleet  # noqa: E402
 
-from bench_push import byte_compile_ddeploy  # noqa: E402
+from bench_push import install_ddeploy  # noqa: E402
 from deployer.agent.overlay_tests import TEST_DIR  # noqa: E402
-
-DDEPLOY = [sys.executable, "-c", "from deployer.cli import main; main()"]
-
 
 SUMMARY = re.compile(r"(\d+) passed")
 seen: dict[str, set[str]] = {"ddeploy": set(), "by hand": set()}  # pytest's summaries, to compare
@@ -58,8 +56,9 @@ def timed(argv: list[str], env: dict[str, str], who: str | None = None) -> float
 
 
 class Loop:
-    def __init__(self, fleet, overlay: Path, file: str, expr: str, env: dict[str, str]):
+    def __init__(self, fleet, overlay: Path, file: str, expr: str, env: dict[str, str], ddeploy: list[str]):
         self.fleet, self.overlay, self.file, self.expr, self.env = fleet, overlay, file, expr, env
+        self.command = ddeploy
         self.host = fleet.hosts[0]
         self.by_hand = self.host.root / "by-hand"  # the second checkout the by-hand loop edits
         self.python = self.host.root / "venv" / "bin" / "python"
@@ -71,7 +70,7 @@ class Loop:
 
     def ddeploy(self) -> float:
         args = ["test", "--remote", "--host", self.host.name, "--overlay", str(self.overlay), "-k", self.expr]
-        return timed([*DDEPLOY, "-i", str(self.fleet.inventory_dir), *args], self.env, "ddeploy")
+        return timed([*self.command, "-i", str(self.fleet.inventory_dir), *args], self.env, "ddeploy")
 
     def ssh(self, *words: str) -> list[str]:
         return ["ssh", "-F", str(self.fleet.ssh_config), self.host.name, shlex.join(words)]
@@ -94,9 +93,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("-k", dest="expr", default="ddtree_utils")
     ap.add_argument("--file", default="python/sglang/srt/speculative/ddtree_utils.py")
+    ap.add_argument("--checkout", action="store_true", help="run ddeploy from this checkout's .venv, not installed")
     args = ap.parse_args()
-    byte_compile_ddeploy()
     with tempfile.TemporaryDirectory(prefix="ddeploy-devloop-") as tmp:
+        _, ddeploy = install_ddeploy(Path(tmp), args.checkout)
         cache = Path(tmp) / "cache"
         cache.mkdir()
         real_base = Path.home() / ".cache" / "ddeploy" / "base"
@@ -109,7 +109,7 @@ def main() -> None:
         shutil.copytree(ROOT / "overlays" / "ddtree", overlay, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         fleet = start_python_fleet(Path(tmp) / "hosts", count=1)
         try:
-            loop = Loop(fleet, overlay, args.file, args.expr, env)
+            loop = Loop(fleet, overlay, args.file, args.expr, env, ddeploy)
             loop.edit(0)
             loop.ddeploy()  # the first push of the overlay: not part of the loop
             loop.copy_checkout()

@@ -1,6 +1,6 @@
 """Where a no-op `ddeploy push` of one host spends its time: a timeline of the real CLI.
 
-    .venv/bin/python bench/push_timeline.py [--reps 9]
+    .venv/bin/python bench/push_timeline.py [--reps 9] [--checkout]
 
 Starts one OpenSSH host (tests/sshd_hosts.py), pushes the generated 3-patch set once, then runs
 the no-op push --reps times as a subprocess whose first lines wrap a few functions to note when
@@ -8,7 +8,8 @@ they start and end (milliseconds since the interpreter started running the comma
 the agent's start, the client ready to send its request, the agent call), in two modes: `kept`
 (ddeploy's default: the connection the first push kept, control.py) and `own`
 (DDEPLOY_CONTROL_PERSIST=0: each push connects). Prints the medians as a table, beside one
-`ssh host true` in every round. Asserts nothing about timing.
+`ssh host true` in every round. ddeploy runs as a user installs it (bench_push.install_ddeploy;
+--checkout: from this checkout's .venv). Asserts nothing about timing.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from sshd_hosts import SshdFleet, build_test_patch_sets  # noqa: E402
 
-from bench_push import byte_compile_ddeploy  # noqa: E402
+from bench_push import install_ddeploy  # noqa: E402
 from deployer.cli.output import table  # noqa: E402
 
 # Runs before the CLI: wrap the steps to time (each note: name, ms since this line ran).
@@ -80,9 +81,10 @@ MODES = {"kept": {}, "own": {"DDEPLOY_CONTROL_PERSIST": "0"}}
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--checkout", action="store_true", help="run ddeploy from this checkout's .venv, not installed")
     args = ap.parse_args()
-    byte_compile_ddeploy()
     with tempfile.TemporaryDirectory(prefix="ddeploy-timeline-") as tmp:
+        python, _ = install_ddeploy(Path(tmp), args.checkout)
         env = {**os.environ, "DDEPLOY_CACHE_DIR": str(Path(tmp) / "cache")}
         real_base = Path.home() / ".cache" / "ddeploy" / "base"
         if real_base.is_dir():
@@ -95,7 +97,7 @@ def main() -> None:
         try:
             host = fleet.hosts[0]
             argv = ["-i", str(fleet.inventory_dir), "push", "--version", str(set_dir), "--host", host.name]
-            first = subprocess.run([sys.executable, "-c", PRELUDE, *argv], capture_output=True, text=True, env=env)
+            first = subprocess.run([str(python), "-c", PRELUDE, *argv], capture_output=True, text=True, env=env)
             if first.returncode != 0:
                 raise SystemExit(f"the first push failed:\n{first.stderr[-2000:]}")
             runs: dict[str, list] = {m: [] for m in MODES}
@@ -108,7 +110,7 @@ def main() -> None:
                 for mode, extra in MODES.items():
                     t0 = time.perf_counter()
                     proc = subprocess.run(
-                        [sys.executable, "-c", PRELUDE, *argv],
+                        [str(python), "-c", PRELUDE, *argv],
                         capture_output=True,
                         text=True,
                         env={**env, **extra},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import stat
+import sys
 import time
 
 
@@ -20,3 +22,24 @@ def wait_until(cond, limit: float = 10.0) -> bool:
     while not cond() and time.monotonic() < deadline:
         time.sleep(0.05)
     return cond()
+
+
+def logging_python(tmp_path, h):
+    """The host with a `python` that logs each start (its pid and the op: the agent's argv is
+    `python -S -c BOOTSTRAP OP`), then runs the real one in the same process."""
+    log = tmp_path / f"{h.name}-python.log"
+    wrapper = tmp_path / f"{h.name}-python"
+    wrapper.write_text(f'#!/bin/sh\necho "$$ $4" >> {log}\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return h.model_copy(update={"python": str(wrapper)}), log
+
+
+def starts(log) -> list[str]:
+    """The ops of the agents started so far."""
+    return [line.split()[1] for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def running(log) -> list[int]:
+    """The pids of the logged agents that are still running."""
+    pids = [int(line.split()[0]) for line in log.read_text().splitlines()] if log.exists() else []
+    return [pid for pid in pids if alive(pid)]

@@ -74,6 +74,7 @@ class SshdHost:
     host_key: Path = field(init=False)
     original_host_key: Path = field(init=False)
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    max_sessions: int = 50  # sshd's MaxSessions: channels open at once on one connection
 
     def __post_init__(self) -> None:
         self.checkout = self.root / "sglang"
@@ -112,7 +113,7 @@ class SshdHost:
                     "AllowTcpForwarding yes",
                     "LogLevel ERROR",
                     "MaxStartups 100:30:200",
-                    "MaxSessions 50",
+                    f"MaxSessions {self.max_sessions}",
                     f"SetEnv DDEPLOY_TEST_HOST={self.name}",
                     "",
                 ]

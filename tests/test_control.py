@@ -20,7 +20,10 @@ import pytest
 from deployer.errors import ConnectError, RemoteCommandError
 from deployer.inventory import Inventory
 from deployer.transport import control
+from deployer.transport.agent_client import agent_session
 from deployer.transport.connection import open_connection
+from deployer.transport.protocol import StatusReply
+from processes import logging_python, running, starts
 
 pytestmark = pytest.mark.sshd
 MASTER = "deployer.transport.control_master"
@@ -125,7 +128,10 @@ def test_a_client_that_goes_away_ends_its_remote_command(hosts, kept, tmp_path):
 import sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from deployer.inventory import Inventory
+from deployer.transport.agent_client import agent_session
 from deployer.transport.connection import open_connection
+from deployer.transport.protocol import StatusReply
+from processes import logging_python, running, starts
 host = Inventory.load({str(hosts.inventory_dir)!r}).get("h1")
 conn = open_connection(host)
 started = conn.start(["sh", "-c", "cat >/dev/null; touch {marker}"], hold_stdin=True)
@@ -267,3 +273,93 @@ def test_a_command_mixing_kept_and_new_connections_waits_only_for_the_new(hosts,
     assert "unreachable" in results["h3"]["error"]["message"]
     assert results["h1"]["duration_s"] < 5
     assert len(_masters(kept)) == 2 and len(list(kept.glob("*.sock"))) == 2
+
+
+# ---------------------------------------------------------------- standby commands
+# A command that reads its input before doing anything (the agent: standby=True) is started ahead
+# for the next command like it: the host's login shell and interpreter have started by then.
+PROBE = "import os, sys; first = sys.stdin.readline(); print(os.getpid(), first.strip(), sys.stdin.read().strip())"
+
+
+def _probes(code: str) -> list[int]:
+    """The pids of the host's python processes running `code` (not the sh that started them)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[:3] == [sys.executable.encode(), b"-c", code.encode()]:
+            found.append(int(entry.name))
+    return found
+
+
+def _call(conn, argv, first: bytes, rest: bytes) -> tuple[int, list[str]]:
+    out = conn.start(argv, first_input=first, standby=True).finish(rest).stdout.split()
+    return int(out[0]), out[1:]
+
+
+def test_the_next_standby_command_is_started_ahead_and_taken(hosts, kept, tmp_path):
+    code = f"{PROBE}  # {tmp_path.name}"
+    argv = [sys.executable, "-c", code]
+    with open_connection(_host(hosts, "h1")) as conn:
+        first, words = _call(conn, argv, b"a\n", b"b")
+        assert words == ["a", "b"]
+        _wait(lambda: len(_probes(code)) == 1, "a standby to start")
+        [standby] = _probes(code)
+        assert standby != first
+        taken, words = _call(conn, argv, b"c\n", b"d")
+        assert taken == standby and words == ["c", "d"]  # it ran the command, its input whole
+        _wait(lambda: len(_probes(code)) == 1 and _probes(code) != [standby], "the next standby")
+        [standby] = _probes(code)
+        assert conn.run(argv, input=b"e\nf").stdout.split()[1:] == ["e", "f"]  # not a standby command
+        assert _probes(code) == [standby]  # ... took none
+        os.kill(standby, signal.SIGKILL)  # a standby gone since: the command starts as any other
+        _wait(lambda: not _probes(code), "the killed standby to go")
+        fresh, words = _call(conn, argv, b"g\n", b"h")
+        assert fresh != standby and words == ["g", "h"]
+        _wait(lambda: len(_probes(code)) == 1, "a standby to start again")
+        other = [*argv, "other"]  # another command: started anew, then its own standby replaces it
+        _call(conn, other, b"i\n", b"j")
+        _wait(lambda: len(_probes(code)) == 0, "the first standby to end")
+    control.disconnect()
+    _wait(lambda: not _masters(kept), "the master to exit")
+    assert not _probes(code)  # the other command's standby ended with the connection
+
+
+def test_a_standby_gives_way_where_sshd_allows_one_session(hosts, kept, tmp_path):
+    """MaxSessions 1: the standby holds the one session; a command that is not its kind still
+    runs (the standby ends first)."""
+    code = f"{PROBE}  # {tmp_path.name}"
+    h2 = hosts.host("h2")
+    h2.max_sessions = 1
+    h2.stop()
+    h2.start()
+    try:
+        with open_connection(_host(hosts, "h2")) as conn:
+            _call(conn, [sys.executable, "-c", code], b"a\n", b"b")
+            _wait(lambda: len(_probes(code)) == 1, "a standby to start")
+            assert conn.run(["echo", "ran"]).stdout == "ran\n"
+            assert not _probes(code)
+    finally:
+        control.disconnect()
+        h2.max_sessions = 50
+        h2.stop()
+        h2.start()
+
+
+def test_an_agent_call_over_a_kept_connection_runs_on_the_standby_agent(hosts, kept, tmp_path):
+    """The agent reads its input before it acts, so the kept connection keeps the next agent
+    started: the second call starts no agent of its own, and `disconnect` ends the one left."""
+    h1, log = logging_python(tmp_path, _host(hosts, "h1"))
+    with agent_session(h1) as agent:
+        assert agent.call("status", {}, StatusReply).facts.head == hosts.base_commit
+    _wait(lambda: len(starts(log)) == 2 and len(running(log)) == 1, "the standby agent")
+    [standby] = running(log)
+    with agent_session(h1) as agent:
+        assert agent.call("status", {}, StatusReply).facts.head == hosts.base_commit
+    _wait(lambda: len(starts(log)) == 3 and len(running(log)) == 1, "the next standby agent")
+    assert starts(log) == ["status"] * 3 and running(log) != [standby]  # the standby ran the call
+    control.disconnect()
+    _wait(lambda: not running(log), "the standby agent to end with the connection")
+    assert len(starts(log)) == 3

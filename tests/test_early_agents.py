@@ -6,8 +6,6 @@ once per host and version, later calls naming its hash."""
 from __future__ import annotations
 
 import hashlib
-import stat
-import sys
 import time
 from pathlib import Path
 
@@ -18,30 +16,9 @@ from deployer.inventory import Inventory
 from deployer.transport.agent_client import agent_session
 from deployer.transport.early_agents import EarlyAgents
 from deployer.transport.protocol import StatusReply
-from processes import alive, wait_until
+from processes import logging_python, running, starts, wait_until
 
 pytestmark = pytest.mark.sshd
-
-
-def logging_python(tmp_path, h):
-    """The host with a `python` that logs each start (its pid and the op: the agent's argv is
-    `python -S -c BOOTSTRAP OP`), then runs the real one in the same process."""
-    log = tmp_path / f"{h.name}-python.log"
-    wrapper = tmp_path / f"{h.name}-python"
-    wrapper.write_text(f'#!/bin/sh\necho "$$ $4" >> {log}\nexec {sys.executable} "$@"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    return h.model_copy(update={"python": str(wrapper)}), log
-
-
-def starts(log) -> list[str]:
-    """The ops of the agents started so far."""
-    return [line.split()[1] for line in log.read_text().splitlines()] if log.exists() else []
-
-
-def running(log) -> list[int]:
-    """The pids of the logged agents that are still running."""
-    pids = [int(line.split()[0]) for line in log.read_text().splitlines()] if log.exists() else []
-    return [pid for pid in pids if alive(pid)]
 
 
 def test_nothing_runs_on_a_host_before_start(hosts, tmp_path):

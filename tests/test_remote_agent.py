@@ -146,6 +146,15 @@ def test_agent_started_before_its_request_waits_for_it(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["co"] and not list(checkout.iterdir())
 
 
+def test_a_standby_agent_never_given_a_command_ends_quietly(tmp_path):
+    """A kept connection's standby agent (control_master.py) ends when its stdin closes before any
+    input came: exit 0, nothing written, nothing touched."""
+    env = {"PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = subprocess.run(agent_argv(sys.executable, "push"), input=b"", capture_output=True, env=env, timeout=30)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
+    assert not (tmp_path / "cache").exists()
+
+
 def host_call(env: dict, request: dict, *, send: bool, op: str = "status") -> tuple[dict, bytes]:
     """One agent run as on a host (`python -S -c BOOTSTRAP OP DIGEST`): its reply and its stdout."""
     stdin = agent_stdin(request, send=send)

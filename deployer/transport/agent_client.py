@@ -88,7 +88,10 @@ def refuse(kind, message):
 
 path = kept_path()
 codes = kept(path)
-bundle = stdin.read(int(stdin.readline()))
+head = stdin.readline()
+if not head:  # closed before a command came: a standby (control.py) not needed after all
+    sys.exit(0)
+bundle = stdin.read(int(head))
 if bundle and sha256(bundle).hexdigest() != DIGEST:
     refuse("RemoteCommandError", "the agent arrived damaged (sha256 mismatch); run the command again")
 if codes is None and not bundle:
@@ -227,8 +230,9 @@ class AgentSession:
         host before (`send`: whether it did send it)."""
         send = not kept_marker(self.host).exists() if send is None else send
         argv, stdin = agent_argv(self.host.python, op), agent_stdin(send=send)
-        # stdin stays open after the request: its end tells the agent this client has gone
-        return self.conn.start(argv, first_input=stdin, hold_stdin=True), send
+        # stdin stays open after the request: its end tells the agent this client has gone. The
+        # agent reads its stdin before it does anything: a kept connection may start it ahead.
+        return self.conn.start(argv, first_input=stdin, hold_stdin=True, standby=True), send
 
     def start(self, op: str) -> None:
         """Start the agent for the next `op` call now; the call then only sends its request."""

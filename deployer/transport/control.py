@@ -14,6 +14,12 @@ handshake, no authentication and no host-key lookup of its own.
     conn = connector.open(host)           # a SharedConnection (raises ConnectError as a connect does)
     conn.start(argv, first_input=b"...").finish(b"...")
 
+A command that does nothing before it has read its input (the agent: `start(..., standby=True)`)
+is started ahead: after running one, the master starts the next command like it on a channel of
+its own, where it waits (the host's login shell and interpreter already started) until a command
+asks for exactly that argv, cwd and environment; it then gets that command's input. One standby per
+host; a command of another kind replaces it after running, and it ends with the connection.
+
 A kept connection is named by a hash of the host's whole inventory entry and of the settings that
 choose its ssh_config files, so a changed address, user, port, jump host or config is another
 connection. Before every command the master checks the connection as a fresh connect would: the
@@ -59,8 +65,8 @@ MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux, 104 on macOS
 
 # Frames: one kind byte, a 4-byte big-endian length, the payload.
 #   client -> master: HELLO (the master checks its connection), QUIT (close it), START (JSON:
-#   argv, cwd, env, hold_stdin; then a DATA frame, the first input), FINISH (JSON: timeout,
-#   stream; then a DATA frame, the rest of the input).
+#   argv, cwd, env, hold_stdin, standby; then a DATA frame, the first input), FINISH (JSON:
+#   timeout, stream; then a DATA frame, the rest of the input).
 #   master -> client: OK, LINE (one stderr line, while the command runs), RESULT (JSON: rc,
 #   stdout, stderr, signal), ERROR (JSON: kind, message; the kind a deployer.errors class).
 HELLO, QUIT, START, FINISH, DATA = b"H", b"Q", b"S", b"F", b"D"
@@ -321,7 +327,7 @@ class SharedConnection(Connection):
         with self._lock:
             (self._running.add if running else self._running.discard)(sock)
 
-    def start(self, argv, *, cwd=None, env=None, first_input=b"", hold_stdin=False) -> StartedCommand:
+    def start(self, argv, *, cwd=None, env=None, first_input=b"", hold_stdin=False, standby=False) -> StartedCommand:
         sock = None
         try:
             sock = _dial(self.path)
@@ -330,7 +336,13 @@ class SharedConnection(Connection):
                 sock = _dial(self.path)
             if sock is None:
                 raise OSError("no connection master listens")
-            command = {"argv": [str(a) for a in argv], "cwd": cwd, "env": env, "hold_stdin": hold_stdin}
+            command = {
+                "argv": [str(a) for a in argv],
+                "cwd": cwd,
+                "env": env,
+                "hold_stdin": hold_stdin,
+                "standby": standby,
+            }
             self._track(sock, True)
             send_frame(sock, START, json.dumps(command).encode())
             send_frame(sock, DATA, first_input)

@@ -8,7 +8,8 @@ it is connected ({"host": NAME, "error": null}) or has failed ({"host": NAME, "e
 listening on the host's socket before it says so; closes stdout once all are reported; then
 serves the sockets. A host's connection closes `persist` seconds after its last command, at QUIT,
 when its link drops, or when a check before a command finds that a fresh connect would not use it
-(control.py); the process exits after its last host.
+(control.py); the process exits after its last host. After a command started with `standby`,
+the next one like it is started ahead (KeptHost._keep_standby).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import paramiko
 
 from ..errors import ConnectError, DeployError
 from ..inventory import Host
@@ -44,6 +47,10 @@ class KeptHost:
         self.host, self.path, self.conn, self.persist = host, path, conn, persist
         self.lock = threading.Lock()
         self.active, self.last, self.closed = 0, time.monotonic(), False
+        # The next standby command, started ahead: (what it runs, as standby_key gives it, the
+        # command), and whether one is being started.
+        self.standby: tuple[str, Any] | None = None
+        self.standby_starting = False
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         staging = path.with_name(f".{path.name}.{os.getpid()}")
         staging.unlink(missing_ok=True)
@@ -142,13 +149,22 @@ class KeptHost:
         if kind != START or data is None or data[0] != DATA:
             return
         spec: dict[str, Any] = json.loads(payload)
+        key = standby_key(spec) if spec.get("standby") else None
         try:
-            started = self.conn.start(
-                spec["argv"], cwd=spec["cwd"], env=spec["env"], first_input=data[1], hold_stdin=spec["hold_stdin"]
-            )
+            started = self._take_standby(key, data[1]) if key else None
+            if started is None:
+                started = self._start(spec, data[1])
         except DeployError as exc:
             send_frame(client, ERROR, error_frame(exc))
             return
+        try:
+            self._serve(client, frames, started)
+        finally:
+            if key:
+                self._keep_standby(spec, key)
+
+    def _serve(self, client: socket.socket, frames, started) -> None:
+        """The started command's FINISH, its stderr lines and its result."""
         finish, rest = read_frame(frames), read_frame(frames)
         if finish is None or finish[0] != FINISH or rest is None or rest[0] != DATA:
             started.chan.close()  # the client went away before sending the rest
@@ -168,6 +184,85 @@ class KeptHost:
         finally:
             done.set()
             client.shutdown(socket.SHUT_RDWR)  # wakes the watcher
+
+    def _start(self, spec: dict[str, Any], first_input: bytes = b""):
+        """The command started on a channel of its own. An sshd that allows few sessions per
+        connection (MaxSessions) may refuse the channel that the standby's would make one too
+        many: the standby then ends, and the command takes its place."""
+
+        def start():
+            return self.conn.start(
+                spec["argv"], cwd=spec["cwd"], env=spec["env"], first_input=first_input, hold_stdin=spec["hold_stdin"]
+            )
+
+        try:
+            return start()
+        except DeployError:
+            with self.lock:
+                held, self.standby = self.standby, None
+            if held is None:
+                raise
+        _end(held[1].chan)
+        return start()
+
+    def _take_standby(self, key: str, first_input: bytes):
+        """The standby command started ahead for `key`, given its first input; None if there is
+        none (or it has ended: the command is then started as any other)."""
+        with self.lock:
+            if self.standby is None or self.standby[0] != key:
+                return None
+            started, self.standby = self.standby[1], None
+        try:
+            if started.chan.exit_status_ready():
+                raise EOFError("it has ended")
+            if first_input:
+                started.chan.sendall(first_input)
+        except (OSError, EOFError, paramiko.SSHException):
+            started.chan.close()
+            return None
+        return started
+
+    def _keep_standby(self, spec: dict[str, Any], key: str) -> None:
+        """Start the next command like `spec` now, in the background, so that it has started (the
+        host's login shell, the interpreter) by the time a command asks for it. One per host: a
+        standby for another command is closed (its process reads end of file and ends)."""
+        with self.lock:
+            if self.closed or self.standby_starting or (self.standby is not None and self.standby[0] == key):
+                return
+            self.standby_starting = True
+        threading.Thread(target=self._start_standby, args=(spec, key), name="standby", daemon=True).start()
+
+    def _start_standby(self, spec: dict[str, Any], key: str) -> None:
+        try:
+            started = self.conn.start(spec["argv"], cwd=spec["cwd"], env=spec["env"], hold_stdin=spec["hold_stdin"])
+        except DeployError:
+            started = None  # the next command starts its own, and reports what is wrong
+        with self.lock:
+            self.standby_starting = False
+            replaced = None
+            if started is not None and not self.closed:
+                replaced, self.standby, started = self.standby, (key, started), None
+        for left in (started, replaced and replaced[1]):
+            if left is not None:
+                _end(left.chan)
+
+
+def _end(chan: paramiko.Channel, wait: float = 2.0) -> None:
+    """End a standby: the end of its stdin (it has read nothing, so it exits), its exit awaited
+    (a little while) so that sshd has freed its session before the next channel opens."""
+    try:
+        chan.shutdown_write()
+        deadline = time.monotonic() + wait
+        while not chan.exit_status_ready() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    except (OSError, EOFError, paramiko.SSHException):
+        pass
+    chan.close()
+
+
+def standby_key(spec: dict[str, Any]) -> str:
+    """What a standby command runs: only a command that asks for exactly that may take it."""
+    return json.dumps([spec["argv"], spec["cwd"], spec["env"], spec["hold_stdin"]], sort_keys=True)
 
 
 def _close_when_gone(frames, chan, done: threading.Event) -> None:
