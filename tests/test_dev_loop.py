@@ -175,6 +175,8 @@ def test_a_dev_round_is_one_agent_call_that_pushes_then_tests(cli, python_hosts,
     its tests in the same call (no second process, login shell or round trip for the tests)."""
     overlay = mark_overlay(tmp_path, "one")
     inventory, log = logged_inventory(python_hosts, tmp_path)
+    pycache = k1.checkout / ".git/ddeploy/pycache"
+    compiled = []  # per round: {the test module's .pyc: its mtime}
     for n in (1, 2):
         mark = f"round {n} of {tmp_path.name}"  # a snapshot never shipped before (no NeedShip call)
         (overlay / PROBE).write_text(f'MARK = "{mark}"\n')
@@ -182,6 +184,8 @@ def test_a_dev_round_is_one_agent_call_that_pushes_then_tests(cli, python_hosts,
         assert r.code == 0 and "1 passed" in r.stderr, r.stderr
         assert (k1.checkout / ".git/ddeploy/probe-mark").read_text() == mark
         assert log.read_text().split() == ["test"] * n
+        compiled.append({p: p.stat().st_mtime_ns for p in pycache.rglob("test_probe.*.pyc")})
+    assert compiled[0] and compiled[1] == compiled[0]  # unchanged by the round: its bytecode was kept
 
 
 def test_a_push_drops_the_bytecode_of_what_it_rewrites(tmp_path):
@@ -214,3 +218,39 @@ def test_a_push_drops_the_bytecode_of_what_it_rewrites(tmp_path):
     assert run() == "round 1"  # what Python does on its own: the old code
     drop_bytecode(repo, ["probe_mod.py", "README.md"])
     assert run() == "round 2"
+
+
+def test_a_switch_drops_only_the_bytecode_of_files_whose_content_changed(tmp_path):
+    """A push or rollback drops the bytecode of the files whose content it changed (agent/bytecode.py:
+    contents before the switch, drop_changed after it); a file rewritten with the same content,
+    or left alone, keeps its .pyc (it is still right: Python checks mtime and size)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from deployer.agent.bytecode import contents, drop_changed, pycache_dir
+    from deployer.agent.repo import Repo
+
+    checkout = tmp_path / "co"
+    (checkout / ".git").mkdir(parents=True)
+    repo = Repo(str(checkout))
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": pycache_dir(repo)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    for name in ("edited", "rewritten", "left"):
+        (checkout / f"{name}.py").write_text(f'MARK = "{name} 1"\n')
+        os.utime(checkout / f"{name}.py", (1_700_000_000, 1_700_000_000))
+    argv = [sys.executable, "-c", "import edited, rewritten, left; print(edited.MARK)"]
+    assert subprocess.run(argv, cwd=checkout, env=env, capture_output=True, text=True).stdout == "edited 1\n"
+    mirror = Path(pycache_dir(repo)) / str(checkout).lstrip("/")  # the prefix mirrors absolute paths
+    pyc = {p.name.split(".")[0]: p for p in mirror.glob("*.pyc")}
+    assert sorted(pyc) == ["edited", "left", "rewritten"]
+
+    before = contents(repo, ["edited.py", "rewritten.py", "left.py", "new.py", "notes.md"])
+    (checkout / "edited.py").write_text('MARK = "edited 2"\n')  # same size, same second: Python alone
+    os.utime(checkout / "edited.py", (1_700_000_000, 1_700_000_000))  # would run the old code
+    (checkout / "rewritten.py").write_text('MARK = "rewritten 1"\n')  # the same content again
+    (checkout / "new.py").write_text("")
+    drop_changed(repo, before)
+    assert not pyc["edited"].exists() and pyc["rewritten"].exists() and pyc["left"].exists()
+    assert subprocess.run(argv, cwd=checkout, env=env, capture_output=True, text=True).stdout == "edited 2\n"

@@ -3,7 +3,7 @@ the state commit, under the checkout's lock."""
 
 import os
 
-from .bytecode import drop_bytecode
+from .bytecode import contents, drop_changed
 from .common import FIXED_DATES, PRE_REF, Fail, now, progress
 from .facts import head_facts
 from .lock import acquire, release
@@ -125,6 +125,7 @@ def _push_apply(repo: Repo, req: dict, f: dict, p: dict, patches: list, saved) -
     )
     refs = {PRE_REF: pre["commit"], "refs/ddeploy/versions/" + spec["version"]: target}
     progress("switching the checkout to %s %s" % (spec["name"], spec["version"]))
+    before = contents(repo, set(spec["files"]) | set((applied_before or {}).get("files", [])))
     transact(
         repo,
         req,
@@ -137,5 +138,5 @@ def _push_apply(repo: Repo, req: dict, f: dict, p: dict, patches: list, saved) -
         message,
         pre.get("branch"),
     )
-    drop_bytecode(repo, set(spec["files"]) | set((applied_before or {}).get("files", [])))
+    drop_changed(repo, before)
     return {"ok": True, "changed": True, "plan": p, "applied": applied, "saved": saved}

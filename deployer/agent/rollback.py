@@ -3,7 +3,7 @@ journaled transaction under the checkout's lock."""
 
 import json
 
-from .bytecode import drop_bytecode
+from .bytecode import contents, drop_changed
 from .common import PRE_REF, STATE_REF, Fail, now, progress
 from .facts import head_facts
 from .lock import acquire, release
@@ -83,6 +83,7 @@ def _rollback_apply(repo, req, f, target, to, saved, recovered) -> dict:
         refs = {PRE_REF: None}
     message = "rollback %s -> %s by %s" % (applied["version"], to or "pre-deploy", req.get("by"))
     progress("rolling back %s to %s" % (applied["version"], to or "the pre-deploy state %s" % pre["commit"][:12]))
+    before = contents(repo, set(applied["files"]) | set((engine.get("applied") or {}).get("files", [])))
     transact(
         repo,
         req,
@@ -95,7 +96,7 @@ def _rollback_apply(repo, req, f, target, to, saved, recovered) -> dict:
         message,
         pre.get("branch"),
     )
-    drop_bytecode(repo, set(applied["files"]) | set((engine.get("applied") or {}).get("files", [])))
+    drop_changed(repo, before)
     return {
         "ok": True,
         "changed": True,
