@@ -23,11 +23,11 @@ class EarlyAgents:
     start-up. None of that needs the request, so it runs beside the client's own work (verifying
     the patch set, importing what the call needs, building the request) instead of after it.
     Nothing runs on a host before `start`: a command whose input turns out bad (a tampered patch
-    set) has only connected (over a kept connection, the standby agent the master keeps started,
-    control.py, has read nothing and does nothing). Each host connects in its own thread; a failure (ConnectError) is
-    raised where the session is taken, so it is reported per host as before. Sessions never taken
-    (the client failed, --fail-fast) are closed; an agent that was started reads no request and
-    ends without touching the checkout.
+    set) has only connected (over a kept connection, the standby agent that the master keeps
+    started, control.py, has read nothing and does nothing). Each host connects in its own
+    thread; a failure (ConnectError) is raised where the session is taken, so it is reported per
+    host as before. Sessions never taken (the client failed, --fail-fast) are closed; an agent
+    that was started reads no request and ends without touching the checkout.
 
         with EarlyAgents(hosts[:parallel]) as early:  # handshakes begin
             ps = load_patch_set(...)                  # verified while they run
