@@ -172,6 +172,11 @@ def test_after_a_holder_is_killed_exactly_one_of_several_racing_pushes_proceeds(
 
 def test_deploy_killed_mid_switch_is_completed_by_the_next_push(hosts, ddeploy, patch_sets):
     h2 = hosts.hosts[1]
+    # bytecode the host's tests left for a file the set rewrites: stale once the switch completes
+    source = h2.checkout / VERSION_PY
+    stale = h2.checkout / ".git/ddeploy/pycache" / str(source.parent).lstrip("/") / "version.cpython-311.pyc"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"stale")
     push = cli_process(hosts, "push", "--host", "h2", "--version", str(patch_sets["v1"]), pause="mid_switch:30")
     wait_for(lambda: (h2.checkout / STUB).exists(), what="the switch to begin")
     owner = json.loads(holder(h2).read_text())
@@ -190,6 +195,7 @@ def test_deploy_killed_mid_switch_is_completed_by_the_next_push(hosts, ddeploy, 
     assert (h2.checkout / VERSION_PY).read_text().endswith("# ddtree 0.1.0\n")
     assert h2.git("status", "--porcelain", "--untracked-files=all") == ""
     assert h2.git("rev-parse", "HEAD~2") == hosts.base_commit
+    assert not stale.exists()  # the completed switch dropped the bytecode of what it covers
 
 
 def test_lock_status_and_release(hosts, ddeploy, monkeypatch):

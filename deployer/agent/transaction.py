@@ -6,6 +6,7 @@ import json
 import os
 import time
 
+from .bytecode import drop_bytecode
 from .common import ZERO, now, progress
 from .repo import Repo
 from .state import commit_state
@@ -125,6 +126,9 @@ def recover(repo: Repo) -> bool:
         j = json.load(fh)
     progress("completing an interrupted %s (%s)" % (j.get("op", "?"), j.get("message", "").splitlines()[0]))
     finish(repo, j)
+    # What the switch rewrote before it was cut is not known: every file it covers loses its
+    # bytecode (a push drops only what it changed, bytecode.drop_changed; this path is rare).
+    drop_bytecode(repo, j["files"])
     return True
 
 
