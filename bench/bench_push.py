@@ -201,6 +201,11 @@ def install_ddeploy(into: Path, checkout: bool = False) -> tuple[Path, list[str]
     return venv / "bin" / "python", [str(venv / "bin" / "ddeploy")]
 
 
+def add_checkout_option(ap: argparse.ArgumentParser) -> None:
+    """--checkout, for install_ddeploy (every bench that runs ddeploy takes it)."""
+    ap.add_argument("--checkout", action="store_true", help="run ddeploy from this checkout's .venv, not installed")
+
+
 def startup_times(ddeploy: list[str], reps: int) -> tuple[float, float]:
     version = statistics.median(timed([*ddeploy, "--version"]) for _ in range(reps))
     help_ = statistics.median(timed([*ddeploy, "--help"]) for _ in range(reps))
@@ -218,7 +223,7 @@ def main() -> None:
         help="Ansible's ssh arguments besides -F (default: its own; `-o ControlMaster=no`: no reuse)",
     )
     ap.add_argument("--version", help="patch set (version or directory); default: a small generated 3-patch set")
-    ap.add_argument("--checkout", action="store_true", help="run ddeploy from this checkout's .venv, not installed")
+    add_checkout_option(ap)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     load_before = os.getloadavg()[0]

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from host_env import start_python_fleet  # noqa: E402
 
-from bench_push import install_ddeploy  # noqa: E402
+from bench_push import add_checkout_option, install_ddeploy  # noqa: E402
 from deployer.agent.overlay_tests import TEST_DIR  # noqa: E402
 
 SUMMARY = re.compile(r"(\d+) passed")
@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("-k", dest="expr", default="ddtree_utils")
     ap.add_argument("--file", default="python/sglang/srt/speculative/ddtree_utils.py")
-    ap.add_argument("--checkout", action="store_true", help="run ddeploy from this checkout's .venv, not installed")
+    add_checkout_option(ap)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ddeploy-devloop-") as tmp:
         _, ddeploy = install_ddeploy(Path(tmp), args.checkout)

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from sshd_hosts import SshdFleet, build_test_patch_sets  # noqa: E402
 
-from bench_push import install_ddeploy  # noqa: E402
+from bench_push import add_checkout_option, install_ddeploy  # noqa: E402
 from deployer.cli.output import table  # noqa: E402
 
 # Runs before the CLI: wrap the steps to time (each note: name, ms since this line ran).
@@ -81,7 +81,7 @@ MODES = {"kept": {}, "own": {"DDEPLOY_CONTROL_PERSIST": "0"}}
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=9)
-    ap.add_argument("--checkout", action="store_true", help="run ddeploy from this checkout's .venv, not installed")
+    add_checkout_option(ap)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ddeploy-timeline-") as tmp:
         python, _ = install_ddeploy(Path(tmp), args.checkout)

@@ -185,25 +185,25 @@ class KeptHost:
             done.set()
             client.shutdown(socket.SHUT_RDWR)  # wakes the watcher
 
-    def _start(self, spec: dict[str, Any], first_input: bytes = b""):
+    def _open(self, spec: dict[str, Any], first_input: bytes = b""):
+        """`spec` (a START's JSON) started on a new channel."""
+        return self.conn.start(
+            spec["argv"], cwd=spec["cwd"], env=spec["env"], first_input=first_input, hold_stdin=spec["hold_stdin"]
+        )
+
+    def _start(self, spec: dict[str, Any], first_input: bytes):
         """The command started on a channel of its own. An sshd that allows few sessions per
         connection (MaxSessions) may refuse the channel that the standby's would make one too
         many: the standby then ends, and the command takes its place."""
-
-        def start():
-            return self.conn.start(
-                spec["argv"], cwd=spec["cwd"], env=spec["env"], first_input=first_input, hold_stdin=spec["hold_stdin"]
-            )
-
         try:
-            return start()
+            return self._open(spec, first_input)
         except DeployError:
             with self.lock:
                 held, self.standby = self.standby, None
             if held is None:
                 raise
         _end(held[1].chan)
-        return start()
+        return self._open(spec, first_input)
 
     def _take_standby(self, key: str, first_input: bytes):
         """The standby command started ahead for `key`, given its first input; None if there is
@@ -234,7 +234,7 @@ class KeptHost:
 
     def _start_standby(self, spec: dict[str, Any], key: str) -> None:
         try:
-            started = self.conn.start(spec["argv"], cwd=spec["cwd"], env=spec["env"], hold_stdin=spec["hold_stdin"])
+            started = self._open(spec)
         except DeployError:
             started = None  # the next command starts its own, and reports what is wrong
         with self.lock:
