@@ -244,13 +244,18 @@ class _MasterStart:
     one JSON line ({"host", "error"}) as soon as that host is connected or has failed."""
 
     def __init__(self, hosts: list[Host], paths: dict[str, Path], persist: float, timeouts: Timeouts):
-        from dataclasses import asdict
+        from dataclasses import asdict, replace
+
+        from .endpoint import SSHEndpoint
 
         request = {
             "persist": persist,
             "timeouts": asdict(timeouts),
             "hosts": [
-                {"host": h.model_dump(mode="json"), "source": _absolute_source(h), "path": str(paths[h.name])}
+                {
+                    "endpoint": replace(SSHEndpoint.of(h), source=_absolute_source(h)).to_json(),
+                    "path": str(paths[h.name]),
+                }
                 for h in hosts
             ],
         }

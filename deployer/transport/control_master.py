@@ -30,9 +30,9 @@ from typing import Any
 import paramiko
 
 from ..errors import ConnectError, DeployError
-from ..inventory import Host
 from . import ssh
 from .control import DATA, ERROR, FINISH, HELLO, LINE, OK, QUIT, RESULT, START, error_frame, read_frame, send_frame
+from .endpoint import SSHEndpoint
 from .known_hosts import KnownHosts
 from .ssh_connection import SSHConnection
 from .timeouts import Timeouts
@@ -43,7 +43,7 @@ IDLE_CHECK = 0.5  # seconds between looks at the idle connections
 class KeptHost:
     """One host's kept connection and the socket that serves it."""
 
-    def __init__(self, host: Host, path: Path, conn: SSHConnection, persist: float):
+    def __init__(self, host: SSHEndpoint, path: Path, conn: SSHConnection, persist: float):
         self.host, self.path, self.conn, self.persist = host, path, conn, persist
         self.lock = threading.Lock()
         self.active, self.last, self.closed = 0, time.monotonic(), False
@@ -282,9 +282,9 @@ def _peer_uid(client: socket.socket) -> int:
 
 
 def _connect(entry: dict[str, Any], persist: float, timeouts: Timeouts, report) -> KeptHost | None:
-    name = str(entry.get("host", {}).get("name", "?"))
+    name = str(entry.get("endpoint", {}).get("name", "?"))
     try:
-        host = Host(**entry["host"], source=entry["source"])
+        host = SSHEndpoint.from_json(entry["endpoint"])
         conn = SSHConnection(host, timeouts=timeouts)
     except DeployError as exc:
         report(name, exc.args[0] if exc.args else str(exc))

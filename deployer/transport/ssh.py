@@ -37,11 +37,11 @@ from ..errors import ConnectError
 from .known_hosts import KnownHosts, transport_preferring
 
 if TYPE_CHECKING:
-    from ..inventory import Host
+    from .endpoint import SSHEndpoint
     from .retries import Timeouts
 
 
-def runtime_ssh_config(host: Host) -> Path | None:
+def runtime_ssh_config(host: SSHEndpoint) -> Path | None:
     """The ssh_config named for this host, which replaces the user's and the system's (like
     `ssh -F`): its `ssh.config` (relative to its YAML file), else $DDEPLOY_SSH_CONFIG, else
     `ssh_config` next to the host files; None: the user's and the system's, as OpenSSH reads them."""
@@ -59,7 +59,7 @@ def runtime_ssh_config(host: Host) -> Path | None:
     return beside if beside is not None and beside.is_file() else None
 
 
-def ssh_config_for(host: Host, timeouts: Timeouts) -> Config:
+def ssh_config_for(host: SSHEndpoint, timeouts: Timeouts) -> Config:
     """Fabric's Config for this host: its ssh_config files loaded."""
     runtime = runtime_ssh_config(host)
     try:
@@ -72,7 +72,7 @@ def ssh_config_for(host: Host, timeouts: Timeouts) -> Config:
         raise config_error(host, exc) from None
 
 
-def config_error(host: Host, exc: Exception) -> ConnectError:
+def config_error(host: SSHEndpoint, exc: Exception) -> ConnectError:
     """An ssh_config that cannot be used (unparsable, `Port abc`, ...), named with its path."""
     runtime = runtime_ssh_config(host)
     where = f"ssh_config {runtime}" if runtime else "the user's or the system's ssh_config"
@@ -108,7 +108,7 @@ def split_spec(spec: str) -> tuple[str | None, str, int | None]:
 
 def connection_chain(
     config: Config,
-    host: Host,
+    host: SSHEndpoint,
     timeouts: Timeouts,
     *,
     accept_new_host_keys: bool = False,

@@ -20,6 +20,7 @@ from ..errors import ConnectError, RemoteCommandError
 from .command import Connection, LineSplitter, RunResult, StartedCommand, Stream, check_result, env_prefix
 from .command import UNKNOWN_SIGNAL, quote_argv, signal_rc
 from .connect_errors import attempts_note, describe_connect_error
+from .endpoint import SSHEndpoint
 from .retries import Timeouts, with_retries
 
 if TYPE_CHECKING:
@@ -28,11 +29,14 @@ if TYPE_CHECKING:
 
 class SSHConnection(Connection):
     """An SSH host: a fabric.Connection (deployer/transport/ssh.py: ssh_config, ProxyJump hops,
-    strict host keys on every hop)."""
+    strict host keys on every hop). `host` is the inventory's Host or its SSHEndpoint."""
 
-    def __init__(self, host: Host, *, accept_new_host_keys: bool = False, timeouts: Timeouts | None = None):
+    def __init__(
+        self, host: Host | SSHEndpoint, *, accept_new_host_keys: bool = False, timeouts: Timeouts | None = None
+    ):
         from . import ssh
 
+        host = SSHEndpoint.of(host)  # all the SSH layer reads of an inventory host
         self.host, self.timeouts = host, timeouts or Timeouts()
         if host.ssh.identity and not Path(host.ssh.identity).expanduser().is_file():
             raise ConnectError(
