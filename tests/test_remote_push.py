@@ -100,6 +100,35 @@ def test_rollback_returns_exactly_to_the_base(hosts, ddeploy, patch_sets):
     assert messages[0].startswith("rollback 0.1.0 -> pre-deploy") and messages[1].startswith("push ddtree 0.1.0")
 
 
+def test_a_patch_that_does_not_apply_fails_the_push_and_changes_nothing(hosts, ddeploy, patch_sets, tmp_path):
+    """The base gate passes (the touched files are the base) but the set's own second patch does
+    not apply. The commits a push builds in its private index are its only check: the push fails
+    naming the patch, nothing changes, and with --force the hand edits are not saved (nor
+    reverted) for a push that did not happen."""
+    import hashlib
+    import shutil
+
+    import yaml
+
+    broken = tmp_path / "0.1.0"
+    shutil.copytree(patch_sets["v1"], broken)
+    patch = broken / "0002-wiring.patch"
+    patch.write_text(patch.read_text().replace('__version__ = "0.0.0.dev0"', '__version__ = "9.9.9"'))
+    manifest = yaml.safe_load((broken / "manifest.yaml").read_text())
+    manifest["patches"][1]["sha256"] = hashlib.sha256(patch.read_bytes()).hexdigest()
+    (broken / "manifest.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    h1 = hosts.hosts[0]
+    with (h1.checkout / VERSION_PY).open("a") as fh:
+        fh.write("# a hand edit\n")
+    before = snapshot(h1)
+    r = ddeploy("push", "--host", "h1", "--version", str(broken), "--force")
+    assert r.code == 7, r.stderr  # ConflictError
+    assert "patch 0002-wiring.patch does not apply to" in r.stderr
+    assert "nothing was changed (rerun with --3way to merge)" in r.stderr
+    assert snapshot(h1) == before  # no commit, no saved edits, the hand edit still there
+    assert (h1.checkout / VERSION_PY).read_text().endswith("# a hand edit\n")
+
+
 def test_v2_over_v1_then_rollback_to_v1_and_to_base(hosts, ddeploy, patch_sets):
     h1 = hosts.hosts[0]
     assert ddeploy("push", "--host", "h1", "--version", str(patch_sets["v1"])).code == 0

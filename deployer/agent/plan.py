@@ -69,7 +69,9 @@ def describe_drift(drift: list, blocking: list) -> str:
     return "; ".join(parts)
 
 
-def plan(repo: Repo, req: dict, f: dict, patches: list) -> dict:
+def plan(repo: Repo, req: dict, f: dict, patches: list, series: bool = True) -> dict:
+    """What pushing the set would do, and what blocks it. `series`: also dry-run the patches
+    (out["patches"]); push leaves that to the commits it builds, the same strict apply."""
     spec, opts = req["set"], req.get("options", {})
     state = f["state"]
     applied = state.get("applied")
@@ -107,7 +109,8 @@ def plan(repo: Repo, req: dict, f: dict, patches: list) -> dict:
             out["blocked_kind"] = out["blocked_kind"] or "BaseTreeError"
         elif mismatched:
             need_merge_base(repo, mismatched)
-        out["patches"] = check_series(repo, pre, patches, opts.get("three_way", False))
+        if series:
+            out["patches"] = check_series(repo, pre, patches, opts.get("three_way", False))
         bad = [p for p in out["patches"] if not p["ok"]]
         if bad and not opts.get("three_way"):
             out["blocked"] = out["blocked"] or "patch %s does not apply: %s" % (bad[0]["name"], bad[0]["error"])

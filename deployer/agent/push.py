@@ -29,7 +29,7 @@ def build_commits(repo: Repo, pre: str, patches: list, spec: dict, three_way: bo
                 raise Fail(
                     "ConflictError",
                     "patch %s does not apply to %s: %s; nothing was changed%s"
-                    % (name, repo.path, apply_error(p.stderr), "" if three_way else " (try --3way)"),
+                    % (name, repo.path, apply_error(p.stderr), "" if three_way else " (rerun with --3way to merge)"),
                 )
             tree = repo.out("write-tree", env=env)
             msg = "%s %s: %s\n\nsha256: %s\n" % (spec["name"], spec["version"], name, sha)
@@ -64,7 +64,9 @@ def push_held(repo: Repo, req: dict, patches: list) -> dict:
     spec, opts = req["set"], req.get("options", {})
     recovered = recover(repo)
     f = head_facts(repo)  # plan makes its own drift check, of the files it changes
-    p = plan(repo, req, f, patches)
+    # No dry run of the series: the commits are built in a private index before anything else is
+    # written, with the same strict apply, so a patch that does not apply fails the push there.
+    p = plan(repo, req, f, patches, series=False)
     if p["blocked"]:
         kind = p["blocked_kind"]
         hint = {
@@ -76,13 +78,12 @@ def push_held(repo: Repo, req: dict, patches: list) -> dict:
     if p["action"] == "noop":
         progress("%s %s is already applied; nothing to do" % (spec["name"], spec["version"]))
         return {"ok": True, "changed": False, "plan": p, "recovered": recovered}
-    saved = save_edits(repo, p["drift"], req, "push") if p["drift"] else None
-    out = dict(_push_apply(repo, req, f, p, patches, saved), recovered=recovered)
+    out = dict(_push_apply(repo, req, f, p, patches), recovered=recovered)
     prune_dev_sets(spec.get("dir"))
     return out
 
 
-def _push_apply(repo: Repo, req: dict, f: dict, p: dict, patches: list, saved) -> dict:
+def _push_apply(repo: Repo, req: dict, f: dict, p: dict, patches: list) -> dict:
     spec, opts = req["set"], req.get("options", {})
     state = f["state"]
     applied_before = state.get("applied")
@@ -94,6 +95,9 @@ def _push_apply(repo: Repo, req: dict, f: dict, p: dict, patches: list, saved) -
         progress("building %d patch commit(s) on %s" % (len(patches), pre["commit"][:12]))
         made = build_commits(repo, pre["commit"], patches, spec, opts.get("three_way", False))
         target = made[-1]["commit"] if made else pre["commit"]
+        p["patches"] = [{"name": n, "files": files, "ok": True, "error": None} for n, _, _, files in patches]
+    # After the build: a set that does not apply leaves no saved edits behind either.
+    saved = save_edits(repo, p["drift"], req, "push") if p["drift"] else None
     applied = {
         "name": spec["name"],
         "version": spec["version"],
