@@ -1,4 +1,4 @@
-"""Where a no-op `ddeploy push` of one host spends its time: a timeline of the real CLI.
+"""Where a `ddeploy push` of one host spends its time (no-op and first): a timeline of the real CLI.
 
     .venv/bin/python bench/push_timeline.py [--reps 9] [--checkout]
 
@@ -7,8 +7,10 @@ the no-op push --reps times as a subprocess whose first lines wrap a few functio
 they start and end (milliseconds since the interpreter started running the command: the connect,
 the agent's start, the client ready to send its request, the agent call), in two modes: `kept`
 (ddeploy's default: the connection the first push kept, control.py) and `own`
-(DDEPLOY_CONTROL_PERSIST=0: each push connects). Prints the medians as a table, beside one
-`ssh host true` in every round. ddeploy runs as a user installs it (bench_push.install_ddeploy;
+(DDEPLOY_CONTROL_PERSIST=0: each push connects). Each round ends with a first push, as
+bench_push times one (no kept connection, the checkout reset, the set not yet shipped): the
+connection master's start and connect, then the agent's start on the new connection. Prints the
+medians as tables, beside one `ssh host true` in every round. ddeploy runs as a user installs it (bench_push.install_ddeploy;
 --checkout: from this checkout's .venv). Asserts nothing about timing.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -61,6 +64,7 @@ else:  # the kept connection: a look at its socket, then commands through it
     _wrap(c.Connector, "__init__", "connect")
     _wrap(c.SharedConnection, "start", "agent start")
     _wrap(c._SharedCommand, "finish", "agent call")
+    _wrap(c._MasterStart, "wait", "master")  # a first push: until the master it started has connected
 _wrap(a.EarlyAgents, "start", "client ready")
 atexit.register(lambda: (_note("exit"), sys.stderr.write("TIMELINE " + json.dumps(_notes) + "\\n")))
 from deployer.cli import main
@@ -76,6 +80,16 @@ ROWS = [
 ]
 # ddeploy as users run it (the connection the first push kept), and with reuse off.
 MODES = {"kept": {}, "own": {"DDEPLOY_CONTROL_PERSIST": "0"}}
+# A first push (from closed connections, reset checkouts, a set never shipped), as bench_push
+# times it: the client starts the connection master, which connects while the client verifies
+# the set; the agent then starts on the new connection (the host's login shell, Python).
+FIRST_ROWS = [
+    ("client: imports, inventory, hosts chosen", None, "connect start"),
+    ("client: the set verified, beside the master", "connect end", "client ready start"),
+    ("connection master: its start, imports, handshake, auth", "connect start", "master end"),
+    ("agent call: login shell, Python, the push, reply back", "agent call start", "agent call end"),
+    ("reply rendered, exit", "agent call end", "exit"),
+]
 
 
 def main() -> None:
@@ -100,26 +114,29 @@ def main() -> None:
             first = subprocess.run([str(python), "-c", PRELUDE, *argv], capture_output=True, text=True, env=env)
             if first.returncode != 0:
                 raise SystemExit(f"the first push failed:\n{first.stderr[-2000:]}")
-            runs: dict[str, list] = {m: [] for m in MODES}
-            walls: dict[str, list] = {m: [] for m in MODES}
+            runs: dict[str, list] = {m: [] for m in [*MODES, "first"]}
+            walls: dict[str, list] = {m: [] for m in [*MODES, "first"]}
             rtts = []
+
+            def timed(mode: str, extra: dict, expect: str) -> None:
+                t0 = time.perf_counter()
+                proc = subprocess.run(
+                    [str(python), "-c", PRELUDE, *argv], capture_output=True, text=True, env={**env, **extra}
+                )
+                walls[mode].append(time.perf_counter() - t0)
+                if proc.returncode != 0 or expect not in proc.stderr:
+                    raise SystemExit(f"the {mode} push failed:\n{proc.stderr[-2000:]}")
+                line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("TIMELINE "))
+                runs[mode].append(dict(json.loads(line.removeprefix("TIMELINE "))))
+
             for _ in range(args.reps):
                 t0 = time.perf_counter()
                 subprocess.run(["ssh", "-F", str(fleet.ssh_config), host.name, "true"], check=True)
                 rtts.append(time.perf_counter() - t0)
                 for mode, extra in MODES.items():
-                    t0 = time.perf_counter()
-                    proc = subprocess.run(
-                        [str(python), "-c", PRELUDE, *argv],
-                        capture_output=True,
-                        text=True,
-                        env={**env, **extra},
-                    )
-                    walls[mode].append(time.perf_counter() - t0)
-                    if proc.returncode != 0 or "already applied" not in proc.stderr:
-                        raise SystemExit(f"the no-op push failed:\n{proc.stderr[-2000:]}")
-                    line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("TIMELINE "))
-                    runs[mode].append(dict(json.loads(line.removeprefix("TIMELINE "))))
+                    timed(mode, extra, "already applied")
+                reset(fleet)
+                timed("first", {}, "applied ddtree")
         finally:
             from deployer.transport.control import disconnect
 
@@ -143,6 +160,25 @@ def main() -> None:
     for mode in MODES:
         head += [f"{mode}: at", "took"]
     print(table(rows, head))
+    print()
+    print(f"first push of one host (bench_push's first row), medians of {args.reps}:")
+    print(f"  {statistics.median(walls['first']):.3f} s wall (process start to exit)")
+    rows = []
+    for label, start, end in FIRST_ROWS:
+        begins = [r[start] if start else 0.0 for r in runs["first"]]
+        spans = [r[end] - b for r, b in zip(runs["first"], begins, strict=True)]
+        rows.append([label, f"{statistics.median(begins):.0f}", f"{statistics.median(spans):.0f}"])
+    print(table(rows, ["step (ms from the start of the command)", "at", "took"]))
+
+
+def reset(fleet: SshdFleet) -> None:
+    """As bench_push before a first push: no kept connection, pristine checkouts, and a client
+    that never shipped the set."""
+    from deployer.transport.control import disconnect
+
+    disconnect()
+    fleet.reset()
+    shutil.rmtree(Path(os.environ["DDEPLOY_CACHE_DIR"]) / "shipped", ignore_errors=True)
 
 
 if __name__ == "__main__":
