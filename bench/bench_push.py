@@ -183,7 +183,7 @@ def reset(fleet: SshdFleet, work: Path) -> None:
             shutil.rmtree(h.checkout / d, ignore_errors=True)
 
 
-def install_ddeploy(into: Path, checkout: bool = False) -> tuple[Path, list[str]]:
+def install_ddeploy(into: Path, checkout: bool = False, source: Path = ROOT) -> tuple[Path, list[str]]:
     """ddeploy as a user installs it: (its python, the command that runs it). `pip install` of
     this checkout into a virtual environment of its own (ddeploy's dependencies only,
     byte-compiled by pip, as Ansible and pyinfra are in theirs), run by the `ddeploy` script pip
@@ -195,9 +195,9 @@ def install_ddeploy(into: Path, checkout: bool = False) -> tuple[Path, list[str]
         return Path(sys.executable), [sys.executable, "-c", "from deployer.cli import main; main()"]
     venv = into / "ddeploy-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(ROOT)], capture_output=True, text=True)
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(source)], capture_output=True, text=True)
     if pip.returncode != 0:
-        raise SystemExit(f"pip install {ROOT} failed:\n{pip.stderr[-2000:]}")
+        raise SystemExit(f"pip install {source} failed:\n{pip.stderr[-2000:]}")
     return venv / "bin" / "python", [str(venv / "bin" / "ddeploy")]
 
 

@@ -1,6 +1,6 @@
 """Where a `ddeploy push` of one host spends its time (no-op and first): a timeline of the real CLI.
 
-    .venv/bin/python bench/push_timeline.py [--reps 9] [--checkout]
+    .venv/bin/python bench/push_timeline.py [--reps 9] [--checkout] [--baseline REV]
 
 Starts one OpenSSH host (tests/sshd_hosts.py), pushes the generated 3-patch set once, then runs
 the no-op push --reps times as a subprocess whose first lines wrap a few functions to note when
@@ -9,9 +9,11 @@ the agent's start, the client ready to send its request, the agent call), in two
 (ddeploy's default: the connection the first push kept, control.py) and `own`
 (DDEPLOY_CONTROL_PERSIST=0: each push connects). Each round ends with a first push, as
 bench_push times one (no kept connection, the checkout reset, the set not yet shipped): the
-connection master's start and connect, then the agent's start on the new connection. Prints the
-medians as tables, beside one `ssh host true` in every round. ddeploy runs as a user installs it (bench_push.install_ddeploy;
---checkout: from this checkout's .venv). Asserts nothing about timing.
+connection master's start and connect, then the agent's start on the new connection; with
+--baseline, the same first push of that git revision right after it in every round (each in a
+venv of its own). Prints the medians as tables, beside one `ssh host true` in every round.
+ddeploy runs as a user installs it (bench_push.install_ddeploy; --checkout: from this
+checkout's .venv). Asserts nothing about timing.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ _notes = []
 def _note(name):
     _notes.append((name, round((time.perf_counter() - _t0) * 1000, 1)))
 def _wrap(owner, attr, name):
-    inner = getattr(owner, attr)
+    inner = getattr(owner, attr, None)
+    if inner is None:  # a --baseline revision without it: that step is not noted
+        return
     def wrapped(*a, **k):
         _note(name + " start")
         try:
@@ -95,10 +99,16 @@ FIRST_ROWS = [
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument(
+        "--baseline", metavar="REV", help="also time the first push of this git revision, alternately, in the same run"
+    )
     add_checkout_option(ap)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ddeploy-timeline-") as tmp:
         python, _ = install_ddeploy(Path(tmp), args.checkout)
+        pythons = {"first": python}
+        if args.baseline:
+            pythons["baseline"] = install_revision(args.baseline, Path(tmp) / "baseline")
         env = {**os.environ, "DDEPLOY_CACHE_DIR": str(Path(tmp) / "cache")}
         real_base = Path.home() / ".cache" / "ddeploy" / "base"
         if real_base.is_dir():
@@ -111,17 +121,25 @@ def main() -> None:
         try:
             host = fleet.hosts[0]
             argv = ["-i", str(fleet.inventory_dir), "push", "--version", str(set_dir), "--host", host.name]
-            first = subprocess.run([str(python), "-c", PRELUDE, *argv], capture_output=True, text=True, env=env)
+            # Run from tmp: `python -c` puts the working directory first on sys.path, and this
+            # checkout's sources there would shadow the installed ddeploy.
+            first = subprocess.run(
+                [str(python), "-c", PRELUDE, *argv], capture_output=True, text=True, env=env, cwd=tmp
+            )
             if first.returncode != 0:
                 raise SystemExit(f"the first push failed:\n{first.stderr[-2000:]}")
-            runs: dict[str, list] = {m: [] for m in [*MODES, "first"]}
-            walls: dict[str, list] = {m: [] for m in [*MODES, "first"]}
+            runs: dict[str, list] = {m: [] for m in [*MODES, *pythons]}
+            walls: dict[str, list] = {m: [] for m in [*MODES, *pythons]}
             rtts = []
 
             def timed(mode: str, extra: dict, expect: str) -> None:
                 t0 = time.perf_counter()
                 proc = subprocess.run(
-                    [str(python), "-c", PRELUDE, *argv], capture_output=True, text=True, env={**env, **extra}
+                    [str(pythons.get(mode, python)), "-c", PRELUDE, *argv],
+                    capture_output=True,
+                    text=True,
+                    env={**env, **extra},
+                    cwd=tmp,
                 )
                 walls[mode].append(time.perf_counter() - t0)
                 if proc.returncode != 0 or expect not in proc.stderr:
@@ -135,8 +153,11 @@ def main() -> None:
                 rtts.append(time.perf_counter() - t0)
                 for mode, extra in MODES.items():
                     timed(mode, extra, "already applied")
-                reset(fleet)
-                timed("first", {}, "applied ddtree")
+                # The baseline's first push, then this checkout's: its kept connection (and
+                # standby agent) serves the next round's no-op push.
+                for mode in reversed(pythons):
+                    reset(fleet)
+                    timed(mode, {}, "applied ddtree")
         finally:
             from deployer.transport.control import disconnect
 
@@ -162,13 +183,32 @@ def main() -> None:
     print(table(rows, head))
     print()
     print(f"first push of one host (bench_push's first row), medians of {args.reps}:")
-    print(f"  {statistics.median(walls['first']):.3f} s wall (process start to exit)")
-    rows = []
-    for label, start, end in FIRST_ROWS:
-        begins = [r[start] if start else 0.0 for r in runs["first"]]
-        spans = [r[end] - b for r, b in zip(runs["first"], begins, strict=True)]
-        rows.append([label, f"{statistics.median(begins):.0f}", f"{statistics.median(spans):.0f}"])
-    print(table(rows, ["step (ms from the start of the command)", "at", "took"]))
+    wall = statistics.median(walls["first"])
+    print(f"  {wall:.3f} s wall (process start to exit), {wall / rtt:.2f}x the round trip")
+    if args.baseline:
+        base = statistics.median(walls["baseline"])
+        print(f"  baseline {args.baseline}: {base:.3f} s wall; this checkout takes {wall / base:.2f}x its time")
+    rows = [[label] for label, _, _ in FIRST_ROWS]
+    for mode in pythons:
+        for row, (_, start, end) in zip(rows, FIRST_ROWS, strict=True):
+            done = [r for r in runs[mode] if end in r and (start is None or start in r)]
+            begins = [r[start] if start else 0.0 for r in done]
+            spans = [r[end] - b for r, b in zip(done, begins, strict=True)]
+            row += [f"{statistics.median(begins):.0f}", f"{statistics.median(spans):.0f}"] if done else ["", ""]
+    head = ["step (ms from the start of the command)", "at", "took"]
+    if args.baseline:
+        head += ["baseline: at", "took"]
+    print(table(rows, head))
+
+
+def install_revision(rev: str, into: Path) -> Path:
+    """ddeploy at git revision `rev` of this checkout, installed as install_ddeploy installs it."""
+    source = into / "source"
+    source.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
+    python, _ = install_ddeploy(into, source=source)
+    return python
 
 
 def reset(fleet: SshdFleet) -> None:
