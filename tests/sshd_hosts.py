@@ -387,6 +387,23 @@ def make_patch_set(
     return dest
 
 
+def rewritten_set(source: Path, dest: Path, patch: str, old: str, new: str) -> Path:
+    """A copy of the set at `source` whose patch `patch` has `old` replaced by `new`, its
+    manifest's sha256 updated to match (a set that passes the checksums, broken otherwise)."""
+    import hashlib
+
+    shutil.copytree(source, dest)
+    path = dest / patch
+    text = path.read_text()
+    assert old in text, (patch, old)
+    path.write_text(text.replace(old, new))
+    manifest = yaml.safe_load((dest / "manifest.yaml").read_text())
+    entry = next(e for e in manifest["patches"] if e["name"] == patch)
+    entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    (dest / "manifest.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    return dest
+
+
 STUB = "python/sglang/srt/speculative/ddtree_stub.py"
 VERSION_PY = "python/sglang/version.py"
 INIT_PY = "python/sglang/__init__.py"

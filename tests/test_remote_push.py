@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sshd_hosts import INIT_PY, STUB, VERSION_PY
+from sshd_hosts import INIT_PY, STUB, VERSION_PY, rewritten_set
 
 pytestmark = pytest.mark.sshd
 
@@ -105,18 +105,8 @@ def test_a_patch_that_does_not_apply_fails_the_push_and_changes_nothing(hosts, d
     not apply. The commits a push builds in its private index are its only check: the push fails
     naming the patch, nothing changes, and with --force the hand edits are not saved (nor
     reverted) for a push that did not happen."""
-    import hashlib
-    import shutil
-
-    import yaml
-
-    broken = tmp_path / "0.1.0"
-    shutil.copytree(patch_sets["v1"], broken)
-    patch = broken / "0002-wiring.patch"
-    patch.write_text(patch.read_text().replace('__version__ = "0.0.0.dev0"', '__version__ = "9.9.9"'))
-    manifest = yaml.safe_load((broken / "manifest.yaml").read_text())
-    manifest["patches"][1]["sha256"] = hashlib.sha256(patch.read_bytes()).hexdigest()
-    (broken / "manifest.yaml").write_text(yaml.safe_dump(manifest, sort_keys=False))
+    context = '__version__ = "0.0.0.dev0"'  # a context line of the wiring patch, made wrong
+    broken = rewritten_set(patch_sets["v1"], tmp_path / "0.1.0", "0002-wiring.patch", context, "__version__ = 9")
     h1 = hosts.hosts[0]
     with (h1.checkout / VERSION_PY).open("a") as fh:
         fh.write("# a hand edit\n")

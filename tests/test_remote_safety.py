@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sshd_hosts import STUB, VERSION_PY
+from sshd_hosts import STUB, VERSION_PY, rewritten_set
 
 pytestmark = pytest.mark.sshd
 
@@ -234,16 +234,9 @@ def test_tampered_or_escaping_patch_sets_are_refused_before_any_host(hosts, ddep
     r = ddeploy("push", "--all", "--version", str(tampered))
     assert r.code == 4 and "0002-wiring.patch" in r.stderr and "sha256" in r.stderr
 
-    escaping = tmp_path / "escaping"
-    shutil.copytree(patch_sets["v1"], escaping)
-    bad = escaping / "0002-wiring.patch"
-    bad.write_text(bad.read_text().replace("python/sglang/version.py", "../../outside.py"))
-    import hashlib
-    import yaml
-
-    manifest = yaml.safe_load((escaping / "manifest.yaml").read_text())
-    manifest["patches"][1]["sha256"] = hashlib.sha256(bad.read_bytes()).hexdigest()
-    (escaping / "manifest.yaml").write_text(yaml.safe_dump(manifest))
+    escaping = rewritten_set(
+        patch_sets["v1"], tmp_path / "escaping", "0002-wiring.patch", "python/sglang/version.py", "../../outside.py"
+    )
     r = ddeploy("push", "--all", "--version", str(escaping))
     assert r.code == 4 and "escapes the checkout" in r.stderr
     assert [snapshot(h) for h in hosts.hosts] == before
