@@ -23,7 +23,13 @@ import torch
 
 from cpu_engine.cpu_tree import STUB_DIR, Change, CpuTreeError, apply_change
 from cpu_engine.pool import ServerConfig
-from cpu_engine.server import dflash_args, server_env
+from cpu_engine.server import (
+    DP_PORT_OFFSETS,
+    SERVER_PORT_RANGE,
+    dflash_args,
+    free_server_port,
+    server_env,
+)
 
 HF_PROMPTS = (
     [1, 5, 9, 33, 12],
@@ -116,6 +122,19 @@ def test_dflash_server_info_reports_speculation(dflash_server, tiny_models):
 
 
 # --- the CPU tree's snippet changes ---------------------------------------------------
+
+
+def test_a_server_port_is_out_of_the_ephemeral_range_and_never_given_twice():
+    """A server binds its --port long after the harness chose it; an ephemeral port
+    could meanwhile become the local port of any outgoing connection."""
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range")
+                 .read_text().split())
+    plain = [free_server_port(["--tp-size", "2"]) for _ in range(20)]
+    dp = free_server_port(["--attn-dp-size", "2"])
+    dp_block = {dp + offset for offset in DP_PORT_OFFSETS}
+    assert all(p in SERVER_PORT_RANGE and not low <= p <= high for p in [*plain, dp])
+    assert len(set(plain)) == len(plain) and dp_block.isdisjoint(plain)
+    assert not any(low <= p <= high for p in dp_block)
 
 
 def test_a_change_must_match_exactly_once(tmp_path):

@@ -100,31 +100,36 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-# Under attention DP, SGLang's processes talk over TCP on ports it derives from
-# --port: the DP handshake at --port + 13 (``DP_ATTENTION_HANDSHAKE_PORT_DELTA``,
-# bound only while the server starts) and the dist-init port at --port + 233 and
-# the six after it (``PortArgs.init_new``). An ephemeral --port puts those among
-# the ports gloo and ZeroMQ hand out to every other server on the machine;
-# SGLang's own random ports (nccl) lie in 22000-29999. So a DP server's --port
-# comes from between the two, with its derived ports checked free and none of
-# them a port of another DP server started here: the pool starts the next server
-# while the current one runs, and a handshake port is bound only for a moment
-# (one server's handshake once fell on the --port of the server before it).
+# A server binds its --port only once its engine is up (a TP 2 MLA server: some
+# 45 s after it starts). An ephemeral --port (free_port) is, until then, among
+# the ports the kernel hands out as the local port of every outgoing connection
+# on the machine (gloo's, ZeroMQ's, the SSH tests'), and one such connection once
+# took it from a fresh-clone run's server. Under attention DP, SGLang's
+# processes also talk over TCP on ports it derives from --port: the DP handshake
+# at --port + 13 (``DP_ATTENTION_HANDSHAKE_PORT_DELTA``, bound only while the
+# server starts) and the dist-init port at --port + 233 and the six after it
+# (``PortArgs.init_new``). SGLang's own random ports (nccl) lie in 22000-29999.
+# So a server's --port comes from between the two, with its derived ports checked
+# free and none of them a port of another server started here: the pool starts
+# the next server while the current one runs, and a handshake port is bound only
+# for a moment (one server's handshake once fell on the --port of the one before).
 DP_PORT_OFFSETS = (0, 13, *range(233, 240))
-DP_PORT_RANGE = range(30000, 32768 - DP_PORT_OFFSETS[-1])
-_DP_PORTS_GIVEN: set[int] = set()  # every port of every block handed out here
+SERVER_PORT_RANGE = range(30000, 32768 - DP_PORT_OFFSETS[-1])
+_PORTS_GIVEN: set[int] = set()  # every port of every block handed out here
 
 
-def free_dp_port(host: str = "127.0.0.1", attempts: int = 64) -> int:
-    """A --port for an attention-DP server whose derived ports are free too."""
-    for port in random.sample(DP_PORT_RANGE, attempts):
-        block = {port + offset for offset in DP_PORT_OFFSETS}
-        if block.isdisjoint(_DP_PORTS_GIVEN) and all(
-            _bindable(host, p) for p in block
-        ):
-            _DP_PORTS_GIVEN.update(block)
+def free_server_port(
+    args: Sequence[str] = (), host: str = "127.0.0.1", attempts: int = 64
+) -> int:
+    """A --port for a server started with ``args``, out of the ephemeral range;
+    an attention-DP server's derived ports are free too."""
+    offsets = DP_PORT_OFFSETS if "--attn-dp-size" in args else (0,)
+    for port in random.sample(SERVER_PORT_RANGE, attempts):
+        block = {port + offset for offset in offsets}
+        if block.isdisjoint(_PORTS_GIVEN) and all(_bindable(host, p) for p in block):
+            _PORTS_GIVEN.update(block)
             return port
-    raise RuntimeError(f"no free port block for a DP server in {DP_PORT_RANGE}")
+    raise RuntimeError(f"no free port block for a server in {SERVER_PORT_RANGE}")
 
 
 def _bindable(host: str, port: int) -> bool:
@@ -358,7 +363,7 @@ def spawn_server(
         log_path = Path(name)
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    port = free_dp_port() if "--attn-dp-size" in args else free_port()
+    port = free_server_port(args)
     command = [
         sys.executable, "-m", "sglang.launch_server", "--model-path", str(model),
         *BASE_ARGS, "--port", str(port), *[str(a) for a in args],
