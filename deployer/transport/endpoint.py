@@ -4,7 +4,7 @@ section and the environment its commands run with.
 The inventory's Host (pydantic, loaded from YAML) is what a command validates; the SSH layer
 (ssh.py, ssh_connection.py) reads only these fields of it. Keeping them in a plain dataclass lets
 the connection master (control_master.py) rebuild a host from the client's JSON without importing
-pydantic, YAML or the inventory: its imports are on the first command's path, before it can
+pydantic or the inventory models: its imports are on the first command's path, before it can
 connect.
 
     endpoint = SSHEndpoint.of(host)                      # a command's (validated) Host
