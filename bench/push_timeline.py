@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -35,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from sshd_hosts import SshdFleet, build_test_patch_sets  # noqa: E402
 
-from bench_push import add_checkout_option, install_ddeploy  # noqa: E402
+from bench_push import add_checkout_option, install_ddeploy, reset  # noqa: E402
 from deployer.cli.output import table  # noqa: E402
 
 # Runs before the CLI: wrap the steps to time (each note: name, ms since this line ran).
@@ -156,7 +155,7 @@ def main() -> None:
                 # The baseline's first push, then this checkout's: its kept connection (and
                 # standby agent) serves the next round's no-op push.
                 for mode in reversed(pythons):
-                    reset(fleet)
+                    reset(fleet, Path(tmp))  # as bench_push before its first push
                     timed(mode, {}, "applied ddtree")
         finally:
             from deployer.transport.control import disconnect
@@ -209,16 +208,6 @@ def install_revision(rev: str, into: Path) -> Path:
     subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
     python, _ = install_ddeploy(into, source=source)
     return python
-
-
-def reset(fleet: SshdFleet) -> None:
-    """As bench_push before a first push: no kept connection, pristine checkouts, and a client
-    that never shipped the set."""
-    from deployer.transport.control import disconnect
-
-    disconnect()
-    fleet.reset()
-    shutil.rmtree(Path(os.environ["DDEPLOY_CACHE_DIR"]) / "shipped", ignore_errors=True)
 
 
 if __name__ == "__main__":
