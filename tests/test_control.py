@@ -191,6 +191,19 @@ def test_one_master_connects_every_host_of_a_command(hosts, kept, ddeploy, patch
     assert not list(kept.glob("*.sock"))
 
 
+def test_disconnect_removes_the_socket_a_killed_master_left(hosts, kept, ddeploy):
+    assert ddeploy("status", "--host", "h1").code == 0
+    [master] = _masters(kept)
+    os.kill(master, signal.SIGKILL)
+    _wait(lambda: not _masters(kept), "the killed master to go")
+    [left] = kept.glob("*.sock")  # no master listens on it any more
+    res = ddeploy("disconnect")
+    assert res.code == 0 and "no kept connection was open" in res.stderr
+    assert not left.exists()
+    assert ddeploy("status", "--host", "h1").code == 0  # the next command starts a master anew
+    assert len(list(kept.glob("*.sock"))) == 1 and len(_masters(kept)) == 1
+
+
 def test_an_idle_connection_closes_after_the_persist_time(hosts, kept, ddeploy, monkeypatch):
     monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", "1")
     assert ddeploy("status", "--host", "h3").code == 0

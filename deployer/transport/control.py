@@ -194,14 +194,42 @@ def _ask(path: Path, kind: bytes) -> str | None:
 
 def disconnect(hosts: list[Host] | None = None) -> list[str]:
     """Close the kept connections (of `hosts`, else every one of this user's); the names of the
-    hosts whose connection was open."""
+    hosts whose connection was open. A socket that no master listens on any more (its master was
+    killed before it could remove it) is removed."""
     directory = control_dir()
     paths = (
         sorted(directory.glob("*.sock"))
         if hosts is None
         else [socket_in(directory, h) for h in hosts if not h.is_local]
     )
-    return [name for name in (_ask(p, QUIT) for p in paths) if name is not None]
+    closed = []
+    for path in paths:
+        name = _ask(path, QUIT)
+        if name is not None:
+            closed.append(name)
+        else:
+            _remove_if_dead(path)
+    return closed
+
+
+def _remove_if_dead(path: Path) -> None:
+    """Remove the socket at `path` if connecting to it is refused: its master is gone. A master
+    started since replaces the path with a socket of its own (another inode), which stays."""
+    try:
+        before = path.lstat()
+        if not stat.S_ISSOCK(before.st_mode):
+            return
+        live = _dial(path)
+    except OSError:
+        return
+    if live is not None:  # a master listens after all: not a dead one's socket
+        live.close()
+        return
+    try:
+        if path.lstat().st_ino == before.st_ino:
+            path.unlink()
+    except OSError:
+        pass
 
 
 class Connector:
