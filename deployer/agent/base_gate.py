@@ -27,15 +27,16 @@ def missing_objects(repo: Repo, ids: list) -> list:
     return [line.split()[0] for line in p.stdout.decode().splitlines() if line.endswith(" missing")]
 
 
-def check_base(repo: Repo, commit: str, preimages: dict, spec: dict) -> dict:
+def check_base(repo: Repo, commit: str, preimages: dict, spec: dict, have=None) -> dict:
     """Does every file the set touches hold, in commit, exactly what the patches expect?
 
     preimages: {path: blob id (full or abbreviated) or None for a file the set creates}, in
-    series order, from the patches' index lines. Returns {commit, against, checked, mismatched:
-    [{path, why, expected, actual}]} (series order). Raises when a matching blob is not in the
-    object store (a partial or shallow clone that lacks it): git apply could not read it.
+    series order, from the patches' index lines. `have`: tree_blobs of commit for (at least)
+    these paths, if the caller has them. Returns {commit, against, checked, mismatched: [{path,
+    why, expected, actual}]} (series order). Raises when a matching blob is not in the object
+    store (a partial or shallow clone that lacks it): git apply could not read it.
     """
-    have = tree_blobs(repo, commit, list(preimages))
+    have = tree_blobs(repo, commit, list(preimages)) if have is None else have
     against = "%s %s" % (spec.get("name", "the set"), spec.get("version", "")) if spec else "the set"
     mismatched, present = [], []
     for path, want in preimages.items():

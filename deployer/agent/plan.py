@@ -37,11 +37,12 @@ def check_series(repo: Repo, pre: str, patches: list, three_way: bool) -> list:
         return results
 
 
-def in_the_way(repo: Repo, head: str, files: list) -> list:
+def in_the_way(repo: Repo, head: str, files: list, tracked=None) -> list:
     """Untracked (or ignored) things on disk where a switch to these files must write: a file,
     link or directory at a path that head lacks, or a non-directory where one of its parent
-    directories must be. git status does not see the second kind, and a checkout deletes both."""
-    tracked = set(tree_blobs(repo, head, list(files)))
+    directories must be. git status does not see the second kind, and a checkout deletes both.
+    `tracked`: tree_blobs of head for (at least) these files, if the caller has them."""
+    tracked = set(tree_blobs(repo, head, list(files)) if tracked is None else tracked)
     found = set()
     for path in files:
         if path in tracked:
@@ -93,7 +94,11 @@ def plan(repo: Repo, req: dict, f: dict, patches: list, series: bool = True) -> 
     else:
         out["action"] = "replace" if applied else "apply"
     relevant = set(spec["files"]) | set((applied or {}).get("files", []))
-    blocking = out["in_the_way"] = in_the_way(repo, f["head"], spec["files"])
+    preimages = spec.get("preimages") or {}
+    # One `git ls-tree` of HEAD for both the set's files and the base gate's (at pre, if that
+    # is HEAD: a first push).
+    at_head = tree_blobs(repo, f["head"], sorted(set(spec["files"]) | (set(preimages) if pre == f["head"] else set())))
+    blocking = out["in_the_way"] = in_the_way(repo, f["head"], spec["files"], at_head)
     out["drift"] = sorted(set(repo.dirty(relevant)) | set(blocking))
     if applied and f["head"] != applied["head"]:
         out["drift"].insert(0, "HEAD moved since %s was applied" % applied["version"])
@@ -101,7 +106,7 @@ def plan(repo: Repo, req: dict, f: dict, patches: list, series: bool = True) -> 
         out["blocked"] = describe_drift(out["drift"], blocking)
         out["blocked_kind"] = "DriftError"
     if out["action"] != "noop":
-        out["base"] = check_base(repo, pre, spec.get("preimages") or {}, spec)
+        out["base"] = check_base(repo, pre, preimages, spec, at_head if pre == f["head"] else None)
         mismatched = out["base"]["mismatched"]
         if mismatched and not opts.get("three_way"):
             more = " (and %d more file(s))" % (len(mismatched) - 1) if len(mismatched) > 1 else ""

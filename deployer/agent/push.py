@@ -14,14 +14,15 @@ from .repo import Repo
 from .transaction import recover, save_edits, transact
 
 
-def build_commits(repo: Repo, pre: str, patches: list, spec: dict, three_way: bool) -> list:
-    """One commit per patch on top of pre, built in a private index: all or nothing."""
+def build_commits(repo: Repo, pre: str, patches: list, spec: dict, three_way: bool) -> tuple:
+    """One commit per patch on top of pre, built in a private index: all or nothing. Returns
+    ([{name, sha256, commit}], the last commit's tree, None for no patch)."""
     work = os.path.join(repo.ddir, "tmp")
     os.makedirs(work, exist_ok=True)
     env = dict(FIXED_DATES, GIT_INDEX_FILE=os.path.join(work, "index-%d" % os.getpid()))
     try:
         repo.run("read-tree", pre, env=env)
-        parent, made = pre, []
+        parent, made, tree = pre, [], None
         for name, path, sha, _files in patches:
             args = ["apply", "--cached"] + (["--3way"] if three_way else []) + [path]
             p = repo.run(*args, env=env, check=False)
@@ -35,7 +36,7 @@ def build_commits(repo: Repo, pre: str, patches: list, spec: dict, three_way: bo
             msg = "%s %s: %s\n\nsha256: %s\n" % (spec["name"], spec["version"], name, sha)
             parent = repo.out("commit-tree", tree, "-p", parent, "-m", msg, env=env)
             made.append({"name": name, "sha256": sha, "commit": parent})
-        return made
+        return made, tree
     finally:
         try:
             os.unlink(env["GIT_INDEX_FILE"])
@@ -87,13 +88,13 @@ def _push_apply(repo: Repo, req: dict, f: dict, p: dict, patches: list) -> dict:
     spec, opts = req["set"], req.get("options", {})
     state = f["state"]
     applied_before = state.get("applied")
-    head = repo.rev("HEAD^{commit}")
-    pre = state.get("pre_deploy") or {"commit": head, "tree": repo.rev("HEAD^{tree}"), "branch": repo.branch()}
+    head = f["head"]  # read under the lock this push holds
+    pre = state.get("pre_deploy") or {"commit": head, "tree": f["tree"], "branch": repo.branch()}
     if p["action"] == "restore":
-        made, target = applied_before["patches"], applied_before["head"]
+        made, target, tree = applied_before["patches"], applied_before["head"], applied_before.get("tree")
     else:
         progress("building %d patch commit(s) on %s" % (len(patches), pre["commit"][:12]))
-        made = build_commits(repo, pre["commit"], patches, spec, opts.get("three_way", False))
+        made, tree = build_commits(repo, pre["commit"], patches, spec, opts.get("three_way", False))
         target = made[-1]["commit"] if made else pre["commit"]
         p["patches"] = [{"name": n, "files": files, "ok": True, "error": None} for n, _, _, files in patches]
     # After the build: a set that does not apply leaves no saved edits behind either.
@@ -105,7 +106,7 @@ def _push_apply(repo: Repo, req: dict, f: dict, p: dict, patches: list) -> dict:
         "patches": made,
         "files": spec["files"],
         "head": target,
-        "tree": repo.rev(target + "^{tree}"),
+        "tree": tree or repo.rev(target + "^{tree}"),
         "three_way": bool(opts.get("three_way")),
         "dev": bool(spec.get("dev")),
         "by": req.get("by"),

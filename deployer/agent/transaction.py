@@ -104,16 +104,15 @@ def finish(repo: Repo, j: dict, pause_mid_switch: float = 0.0) -> None:
         progress("pausing %.1fs in the middle of the switch (test hook)" % pause_mid_switch)
         time.sleep(pause_mid_switch)
     switch_files(repo, j["target"], j["files"])
+    # The branch (else a detached HEAD) and the operation's refs move in one transaction.
+    head = ["update refs/heads/%s %s" % (j["branch"], j["target"])] if j.get("branch") else []
+    head = head or ["option no-deref", "update HEAD %s" % j["target"]]
+    refs = [
+        ("update %s %s" % (ref, value)) if value else ("delete %s" % ref) for ref, value in j.get("refs", {}).items()
+    ]
+    repo.run("update-ref", "-m", j["message"], "--stdin", input="".join(c + "\n" for c in head + refs).encode())
     if j.get("branch"):
-        repo.run("update-ref", "-m", j["message"], "refs/heads/" + j["branch"], j["target"])
         repo.run("symbolic-ref", "HEAD", "refs/heads/" + j["branch"])
-    else:
-        repo.run("update-ref", "--no-deref", "-m", j["message"], "HEAD", j["target"])
-    for ref, value in j.get("refs", {}).items():
-        if value:
-            repo.run("update-ref", ref, value)
-        else:
-            repo.run("update-ref", "-d", ref, check=False)
     commit_state(repo, j["state"], j["message"])
     os.unlink(journal_path(repo))
 
