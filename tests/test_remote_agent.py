@@ -345,3 +345,56 @@ def test_a_session_on_the_local_host_sends_the_agent_once_and_again_when_the_hos
     lost = status()
     assert lost[0] == 2 and lost[1] > 50_000 and len(lost) == 2 and kept.exists()
     assert status() == [2]
+
+
+@pytest.mark.parametrize("branch", ["main", None])
+def test_a_switch_moves_the_branch_or_detached_head_and_the_refs_together(tmp_path, branch):
+    """transaction.finish: the work tree switched, then the branch (or, on a detached HEAD, HEAD
+    itself) and the operation's refs moved in one update-ref transaction (a ref with no value is
+    deleted), then the state recorded and the journal removed."""
+    from deployer.agent.transaction import finish, journal_path, write_journal
+    from deployer.patchset.sglang_base import clone_base
+
+    co = clone_base(tmp_path / "co")
+    repo = Repo(str(co))
+    base = _git(co, "rev-parse", "HEAD")
+    if branch is None:
+        _git(co, "checkout", "-q", "--detach")
+    path = "python/sglang/version.py"
+    blob = _git(co, "hash-object", "-w", "--stdin", input=b"__version__ = 'switched'\n")
+    index = {"GIT_INDEX_FILE": str(tmp_path / "index")}
+    subprocess.run(["git", "-C", str(co), "read-tree", base], env={**os.environ, **index}, check=True)
+    subprocess.run(
+        ["git", "-C", str(co), "update-index", "--cacheinfo", f"100644,{blob},{path}"],
+        env={**os.environ, **index},
+        check=True,
+    )
+    tree = subprocess.run(
+        ["git", "-C", str(co), "write-tree"], env={**os.environ, **index}, capture_output=True, text=True
+    ).stdout.strip()
+    target = _git(co, "commit-tree", tree, "-p", base, "-m", "target")
+    _git(co, "update-ref", "refs/ddeploy/old", base)
+    os.makedirs(repo.ddir, exist_ok=True)
+    journal = {
+        "op": "push",
+        "target": target,
+        "files": [path],
+        "branch": branch,
+        "refs": {"refs/ddeploy/pre-deploy": base, "refs/ddeploy/old": None},
+        "state": {"applied": {"version": "9.9.9"}},
+        "message": "push test",
+    }
+    write_journal(repo, journal)
+    finish(repo, journal)
+    assert (co / path).read_text() == "__version__ = 'switched'\n"
+    assert _git(co, "rev-parse", "HEAD") == target
+    if branch:
+        assert _git(co, "symbolic-ref", "HEAD") == "refs/heads/main"
+    else:
+        assert subprocess.run(["git", "-C", str(co), "symbolic-ref", "-q", "HEAD"]).returncode == 1
+        assert _git(co, "rev-parse", "refs/heads/main") == base  # the branch left alone
+    assert _git(co, "rev-parse", "refs/ddeploy/pre-deploy") == base
+    assert subprocess.run(["git", "-C", str(co), "rev-parse", "-q", "--verify", "refs/ddeploy/old"]).returncode == 1
+    assert read_state(repo)[1]["applied"] == {"version": "9.9.9"}
+    assert not os.path.exists(journal_path(repo))
+    assert _git(co, "status", "--porcelain") == ""
