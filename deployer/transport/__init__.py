@@ -8,6 +8,7 @@ timeouts.py       connect and command timeouts, from the environment (no paramik
 retries.py        which connect failures are tried again
 control.py        connections kept open between commands (ControlPersist): the client side
 control_master.py the process that keeps them
+wire.py           the frames between a command and its connection master
 endpoint.py       what the SSH layer reads of an inventory host (the master's hosts: no pydantic)
 connect_errors.py one line per failed connect
 ssh.py            a host's fabric.Connection and ProxyJump gateways, strict host keys on every hop

@@ -48,29 +48,20 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
-from ..errors import ConnectError, DeployError, RemoteCommandError
+from ..errors import ConnectError, RemoteCommandError
 from .command import Connection, RunResult, StartedCommand, Stream, check_result
 from .timeouts import Timeouts
+from .wire import DATA, ERROR, FINISH, HELLO, LINE, OK, QUIT, RESULT, START, WIRE, read_frame, send_frame
 
 if TYPE_CHECKING:
     from ..inventory import Host
 
 DEFAULT_PERSIST = 60.0  # seconds, as Ansible's ControlPersist
-WIRE = 1  # the client <-> master framing below; part of every socket's name
 # The environment that chooses a host's ssh_config files (ssh.py): part of a connection's name.
 CONFIG_SETTINGS = ("DDEPLOY_SSH_CONFIG", "DDEPLOY_SYSTEM_SSH_CONFIG", "DDEPLOY_USER_SSH_CONFIG", "HOME")
 MAX_SOCKET_PATH = 100  # sun_path holds 108 bytes on Linux, 104 on macOS
-
-# Frames: one kind byte, a 4-byte big-endian length, the payload.
-#   client -> master: HELLO (the master checks its connection), QUIT (close it), START (JSON:
-#   argv, cwd, env, hold_stdin, standby; then a DATA frame, the first input), FINISH (JSON:
-#   timeout, stream; then a DATA frame, the rest of the input).
-#   master -> client: OK, LINE (one stderr line, while the command runs), RESULT (JSON: rc,
-#   stdout, stderr, signal), ERROR (JSON: kind, message; the kind a deployer.errors class).
-HELLO, QUIT, START, FINISH, DATA = b"H", b"Q", b"S", b"F", b"D"
-OK, LINE, RESULT, ERROR = b"K", b"L", b"R", b"E"
 
 
 def persist_seconds() -> float:
@@ -133,24 +124,6 @@ def _absolute_source(host: Host) -> str:
 
 def socket_in(directory: Path, host: Host) -> Path:
     return directory / f"{connection_name(host)}.sock"
-
-
-def send_frame(sock: socket.socket, kind: bytes, payload: bytes = b"") -> None:
-    sock.sendall(kind + len(payload).to_bytes(4, "big") + payload)
-
-
-def read_frame(stream: BinaryIO) -> tuple[bytes, bytes] | None:
-    """(kind, payload), or None at the end of the stream (a frame cut short ends it too)."""
-    head = stream.read(5)
-    if len(head) < 5:
-        return None
-    size = int.from_bytes(head[1:], "big")
-    payload = stream.read(size)
-    return (head[:1], payload) if len(payload) == size else None
-
-
-def error_frame(exc: DeployError) -> bytes:
-    return json.dumps({"kind": type(exc).__name__, "message": exc.args[0] if exc.args else str(exc)}).encode()
 
 
 def _raise_error(payload: bytes, host: str) -> None:

@@ -31,7 +31,7 @@ import paramiko
 
 from ..errors import ConnectError, DeployError
 from . import ssh
-from .control import DATA, ERROR, FINISH, HELLO, LINE, OK, QUIT, RESULT, START, error_frame, read_frame, send_frame
+from .wire import DATA, ERROR, FINISH, HELLO, LINE, OK, QUIT, RESULT, START, error_frame, read_frame, send_frame
 from .endpoint import SSHEndpoint
 from .known_hosts import KnownHosts
 from .ssh_connection import SSHConnection
