@@ -105,8 +105,10 @@ def finish(repo: Repo, j: dict, pause_mid_switch: float = 0.0) -> None:
         time.sleep(pause_mid_switch)
     switch_files(repo, j["target"], j["files"])
     # The branch (else a detached HEAD) and the operation's refs move in one transaction.
-    head = ["update refs/heads/%s %s" % (j["branch"], j["target"])] if j.get("branch") else []
-    head = head or ["option no-deref", "update HEAD %s" % j["target"]]
+    if j.get("branch"):
+        head = ["update refs/heads/%s %s" % (j["branch"], j["target"])]
+    else:
+        head = ["option no-deref", "update HEAD %s" % j["target"]]
     refs = [
         ("update %s %s" % (ref, value)) if value else ("delete %s" % ref) for ref, value in j.get("refs", {}).items()
     ]
