@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
 import time
@@ -12,6 +13,7 @@ import pytest
 from deployer.transport.connection import open_connection
 from deployer.errors import ConnectError, RemoteCommandError
 from deployer.inventory import Inventory, local_host
+from sshd_hosts import _free_port
 
 pytestmark = pytest.mark.sshd
 
@@ -244,3 +246,79 @@ def test_connect_retries_have_a_cap_in_attempts_and_in_time(monkeypatch):
     assert err.value.attempts == len(tries) == 3  # waits 0.05 and 0.1; a third (0.2) would end after 0.3 s
     assert time.monotonic() - t0 < 0.3
     assert Timeouts().retry_window == 60 and Timeouts().retries == 3
+
+
+class _BatchingRelay:
+    """A TCP relay in front of a host's sshd that passes the client's bytes on in batches (all
+    that came within `hold` seconds of the first, as one write), the way a busy sshd reads them:
+    several packets in one read, dispatched together before it next passes over its channels."""
+
+    def __init__(self, listen: tuple[str, int], target: tuple[str, int], hold: float = 0.1):
+        self.listener = socket.create_server(listen)
+        self.target, self.hold = target, hold
+        self.sockets, self.threads = [self.listener], [threading.Thread(target=self._accept)]
+        self.threads[0].start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            for src, dst, hold in ((client, upstream, self.hold), (upstream, client, 0.0)):
+                self.threads.append(threading.Thread(target=self._pipe, args=(src, dst, hold)))
+                self.threads[-1].start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, hold: float) -> None:
+        try:
+            while data := src.recv(65536):
+                deadline = time.monotonic() + hold
+                while (left := deadline - time.monotonic()) > 0 and select.select([src], [], [], left)[0]:
+                    if not (more := src.recv(65536)):
+                        break
+                    data += more
+                dst.sendall(data)
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:  # the other side went, or the relay closed
+            pass
+
+    def close(self) -> None:
+        """Every socket shut down (which wakes the threads blocked on them), the threads joined,
+        the sockets closed: the listening port is free again."""
+        for sock in list(self.sockets):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for thread in list(self.threads):
+            thread.join(5)
+        for sock in self.sockets:
+            sock.close()
+
+
+def test_a_session_opened_as_the_last_one_closes_is_not_refused_where_sshd_allows_one(hosts):
+    """MaxSessions 1: our close of a command's channel and the next command's open reach sshd
+    in one read, so sshd still counts the closed session when it reads the open and refuses
+    it; the connection asks once more and the command runs (CI failed on this race once). A
+    session really in use is refused twice: a one-line error, the held command unharmed."""
+    h2 = hosts.host("h2")
+    listen = (h2.address, h2.port)
+    h2.stop()
+    h2.max_sessions, h2.port = 1, _free_port(h2.address)
+    h2.start()
+    relay = _BatchingRelay(listen, (h2.address, h2.port))  # the inventory's address: the relay
+    try:
+        with open_connection(_host(hosts, "h2")) as conn:
+            assert [conn.run(["echo", str(n)]).stdout for n in range(3)] == ["0\n", "1\n", "2\n"]
+            held = conn.start(["cat"], first_input=b"held ")  # its session open until finish
+            with pytest.raises(ConnectError, match=r"^\[h2\] sshd refused a new session to run echo \(.+\); its Ma"):
+                conn.run(["echo", "more"])
+            assert held.finish(b"whole").stdout == "held whole"
+    finally:
+        relay.close()
+        h2.stop()
+        h2.max_sessions, h2.port = 50, listen[1]
+        h2.start()

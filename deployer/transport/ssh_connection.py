@@ -85,13 +85,28 @@ class SSHConnection(Connection):
     def start(self, argv, *, cwd=None, env=None, first_input=b"", hold_stdin=False, standby=False):
         line = remote_line([*env_prefix({**self.host.env, **(env or {})}), *argv], cwd)
         try:
-            chan = self.transport.open_session()
+            chan = self._open_session()
             chan.exec_command(line)
             if first_input:
                 chan.sendall(first_input)
+        except paramiko.ChannelException as exc:  # refused twice; the connection itself is up
+            raise ConnectError(
+                f"sshd refused a new session to run {argv[0]} ({exc.text}); its MaxSessions may all be in use",
+                host=self.name,
+            ) from None
         except (SSHException, OSError, EOFError) as exc:
             raise _lost(self.name, argv, exc) from None
         return _StartedChannel(self, argv, chan, hold_stdin)
+
+    def _open_session(self) -> paramiko.Channel:
+        """A new session channel. sshd counts a channel we have closed against MaxSessions until
+        it has read our close and then passed over its channels, so an open sent right after a
+        close may be refused; it is sent once more, and only once: OpenSSH writes the refusal
+        after that pass, so by then a session freed by our close is free."""
+        try:
+            return self.transport.open_session()
+        except paramiko.ChannelException:
+            return self.transport.open_session()
 
     def close(self) -> None:
         from . import ssh
