@@ -13,6 +13,7 @@ import pytest
 from deployer.transport.connection import open_connection
 from deployer.errors import ConnectError, RemoteCommandError
 from deployer.inventory import Inventory, local_host
+from processes import wait_until
 from sshd_hosts import _free_port
 
 pytestmark = pytest.mark.sshd
@@ -299,7 +300,7 @@ class _BatchingRelay:
             sock.close()
 
 
-def test_a_session_opened_as_the_last_one_closes_is_not_refused_where_sshd_allows_one(hosts):
+def test_a_session_opened_as_the_last_one_closes_is_not_refused_where_sshd_allows_one(hosts, tmp_path):
     """MaxSessions 1: our close of a command's channel and the next command's open reach sshd
     in one read, so sshd still counts the closed session when it reads the open and refuses
     it; the connection asks once more and the command runs (CI failed on this race once). A
@@ -313,7 +314,9 @@ def test_a_session_opened_as_the_last_one_closes_is_not_refused_where_sshd_allow
     try:
         with open_connection(_host(hosts, "h2")) as conn:
             assert [conn.run(["echo", str(n)]).stdout for n in range(3)] == ["0\n", "1\n", "2\n"]
-            held = conn.start(["cat"], first_input=b"held ")  # its session open until finish
+            running = tmp_path / "held"  # a kept connection's start returns before the channel opens
+            held = conn.start(["sh", "-c", f"touch {running}; exec cat"], first_input=b"held ")  # open until finish
+            assert wait_until(running.exists)
             with pytest.raises(ConnectError, match=r"^\[h2\] sshd refused a new session to run echo \(.+\); its Ma"):
                 conn.run(["echo", "more"])
             assert held.finish(b"whole").stdout == "held whole"
