@@ -298,17 +298,28 @@ def test_a_command_mixing_kept_and_new_connections_waits_only_for_the_new(hosts,
 PROBE = "import os, sys; first = sys.stdin.readline(); print(os.getpid(), first.strip(), sys.stdin.read().strip())"
 
 
-def _probes(code: str) -> list[int]:
-    """The pids of the host's python processes running `code` (not the sh that started them)."""
+def _probes(code: str, *args: str) -> list[int]:
+    """The pids of the host's python processes running `code` (not the sh that started them);
+    with `args`, only those given exactly these arguments."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            argv = (entry / "cmdline").read_bytes().split(b"\0")[:-1]
         except OSError:
             continue
         if argv[:3] == [sys.executable.encode(), b"-c", code.encode()]:
-            found.append(int(entry.name))
+            if not args or argv[3:] == [a.encode() for a in args]:
+                found.append(int(entry.name))
     return found
+
+
+def _below_sshd(pid: int) -> list[int]:
+    """pid and its ancestors up to (not including) the sshd process of its session."""
+    chain = []
+    while not Path(f"/proc/{pid}/comm").read_text().startswith("sshd"):
+        chain.append(pid)
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])  # its ppid
+    return chain
 
 
 def _call(conn, argv, first: bytes, rest: bytes) -> tuple[int, list[str]]:
@@ -331,17 +342,22 @@ def test_the_next_standby_command_is_started_ahead_and_taken(hosts, kept, tmp_pa
         [standby] = _probes(code)
         assert conn.run(argv, input=b"e\nf").stdout.split()[1:] == ["e", "f"]  # not a standby command
         assert _probes(code) == [standby]  # ... took none
+        session = _below_sshd(standby)
         os.kill(standby, signal.SIGKILL)  # a standby gone since: the command starts as any other
-        _wait(lambda: not _probes(code), "the killed standby to go")
+        _wait(lambda: not any(Path(f"/proc/{pid}").exists() for pid in session), "the killed standby to go")
+        # sshd has reaped the standby's shell, so it sent that channel's exit status before it
+        # confirms this command's channel: the master knows the standby has ended. (A standby
+        # killed in the moment a command takes it fails that command, as the kill would.)
+        conn.run(["true"])
         fresh, words = _call(conn, argv, b"g\n", b"h")
         assert fresh != standby and words == ["g", "h"]
         _wait(lambda: len(_probes(code)) == 1, "a standby to start again")
         other = [*argv, "other"]  # another command: started anew, then its own standby replaces it
         _call(conn, other, b"i\n", b"j")
-        _wait(lambda: len(_probes(code)) == 0, "the first standby to end")
+        _wait(lambda: _probes(code) == _probes(code, "other") != [], "the other's standby to replace it")
     control.disconnect()
     _wait(lambda: not _masters(kept), "the master to exit")
-    assert not _probes(code)  # the other command's standby ended with the connection
+    _wait(lambda: not _probes(code), "the other's standby to end with the connection")
 
 
 def test_a_standby_gives_way_where_sshd_allows_one_session(hosts, kept, tmp_path):
