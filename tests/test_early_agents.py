@@ -32,7 +32,10 @@ def test_nothing_runs_on_a_host_before_start(hosts, tmp_path):
     assert starts(log) == []
 
 
-def test_the_first_call_uses_the_agent_started_early(hosts, tmp_path):
+def test_the_first_call_uses_the_agent_started_early(hosts, tmp_path, monkeypatch):
+    # Connections of the command's own: a kept connection would also start (and count) its
+    # standby agent after each call (test_control.py tests that one).
+    monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", "0")
     h1, log = logging_python(tmp_path, Inventory.load(hosts.inventory_dir).get("h1"))
     with EarlyAgents([h1]) as early:
         early.start("status")
@@ -89,6 +92,7 @@ def test_push_starts_the_agent_only_for_a_verified_set(hosts, cli, patch_sets, t
     # A client that never shipped to h1: an earlier test's note that it did would (rightly) cost a
     # second call when the reset host answers NeedShip.
     monkeypatch.setenv("DDEPLOY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", "0")  # per command: no kept connection's standby
 
     inventory = tmp_path / "inventory"
     inventory.mkdir()
@@ -139,6 +143,7 @@ def test_the_agent_crosses_once_per_version_and_later_calls_name_its_hash(hosts,
     from deployer.transport import agent_client
 
     monkeypatch.setenv("DDEPLOY_CACHE_DIR", str(tmp_path / "client-cache"))
+    monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", "0")  # metered: this process's own connections
     sent = metered(monkeypatch)
     h1, log = logging_python(tmp_path, Inventory.load(hosts.inventory_dir).get("h1"))
     wrapper = h1.python  # the host keeps its agents in a cache of this test's own
