@@ -1,7 +1,8 @@
-"""Helpers for tests that watch processes on the (loopback) test hosts."""
+"""Helpers for tests that watch processes (and take ports) on the loopback test hosts."""
 
 from __future__ import annotations
 
+import socket
 import stat
 import sys
 import time
@@ -14,6 +15,13 @@ def alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port free on `address` now (the kernel's pick; free until someone binds it)."""
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
 
 
 def wait_until(cond, limit: float = 10.0) -> bool:

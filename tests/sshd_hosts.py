@@ -33,6 +33,8 @@ from pathlib import Path
 
 import yaml
 
+from processes import free_port
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 BASE_ADDRESS = "127.0.0."
 
@@ -41,12 +43,6 @@ def _keygen(path: Path, comment: str) -> None:
     subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True, capture_output=True
     )
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def _wait_banner(address: str, port: int, deadline: float) -> None:
@@ -241,7 +237,7 @@ class SshdFleet:
             address = f"{BASE_ADDRESS}{first_octet + i}"
             hdir = root / f"{prefix}{i + 1}"
             hdir.mkdir(exist_ok=True)
-            hosts.append(SshdHost(f"{prefix}{i + 1}", address, _free_port(address), hdir, authorized))
+            hosts.append(SshdHost(f"{prefix}{i + 1}", address, free_port(address), hdir, authorized))
         fleet = cls(
             root,
             hosts,

@@ -15,8 +15,8 @@ import signal
 
 import pytest
 
-from processes import alive
-from test_bench_interrupt import _free_port, _healthy_config, _launch_args, _stand_in_pids
+from processes import alive, free_port
+from test_bench_interrupt import _healthy_config, _launch_args, _stand_in_pids
 from test_launch_lifecycle import _record
 
 pytestmark = pytest.mark.sshd
@@ -39,7 +39,7 @@ def marks(hosts, cli, tmp_path):
 @pytest.mark.parametrize("diverging", ["", "ddtree"], ids=["equal", "ddtree-diverges"])
 def test_the_greedy_check_compares_every_probe_token_and_a_failure_keeps_the_launch(hosts, cli, marks, diverging):
     launch_dir = hosts.host("h1").checkout.parent / "ddeploy-launch"
-    port = _free_port()
+    port = free_port()
     args = [*_launch_args("h1", marks, "", port), "--set", f"env.STANDIN_DIVERGE={diverging}"]
     r = cli(*args, inventory=hosts.inventory_dir)
     assert r.code == 0, r.stderr

@@ -15,7 +15,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from processes import alive, wait_until
+from processes import alive, free_port, wait_until
 
 pytestmark = pytest.mark.sshd
 
@@ -45,12 +44,6 @@ PHASES = {
     "baseline measurement": ("client-linear-", "client-linear"),
     "restore": ("server-ddtree-", "server-ddtree-again"),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _launch_args(host: str, marks: Path, slow: str, port: int) -> list[str]:
@@ -150,7 +143,7 @@ def bench_host(request, hosts, cli, _isolated_cache, tmp_path):
 @pytest.mark.parametrize(("bench_host", "how", "phase"), CASES, indirect=["bench_host"])
 def test_bench_compare_interrupted_leaves_the_original_serving_and_recorded(bench_host, hosts, cli, phase, how):
     name, launch_dir, marks = bench_host
-    port = _free_port()
+    port = free_port()
     r = cli(*_launch_args(name, marks, PHASES[phase][1], port), inventory=hosts.inventory_dir)
     assert r.code == 0, r.stderr
     original = json.loads((launch_dir / "launch.json").read_text())

@@ -13,8 +13,7 @@ import pytest
 from deployer.transport.connection import open_connection
 from deployer.errors import ConnectError, RemoteCommandError
 from deployer.inventory import Inventory, local_host
-from processes import wait_until
-from sshd_hosts import _free_port
+from processes import free_port, wait_until
 
 pytestmark = pytest.mark.sshd
 
@@ -308,7 +307,7 @@ def test_a_session_opened_as_the_last_one_closes_is_not_refused_where_sshd_allow
     h2 = hosts.host("h2")
     listen = (h2.address, h2.port)
     h2.stop()
-    h2.max_sessions, h2.port = 1, _free_port(h2.address)
+    h2.max_sessions, h2.port = 1, free_port(h2.address)
     h2.start()
     relay = _BatchingRelay(listen, (h2.address, h2.port))  # the inventory's address: the relay
     try:

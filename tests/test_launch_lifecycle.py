@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from processes import alive, wait_until
-from test_bench_interrupt import CLI, ROOT, _free_port, _launch_args, _lock_free, _stand_in_pids
+from processes import alive, free_port, wait_until
+from test_bench_interrupt import CLI, ROOT, _launch_args, _lock_free, _stand_in_pids
 
 pytestmark = pytest.mark.sshd
 
@@ -49,7 +49,7 @@ def _with(args: list[str], **sets: str) -> list[str]:
 
 @pytest.mark.parametrize("wait", [True, False])
 def test_a_replica_that_exits_at_start_stops_the_other(ddeploy, hosts, stand_in, wait):
-    port = _free_port()
+    port = free_port()
     args = _launch_args("h1", stand_in, "", port)
     args = [a for a in args if a not in ("--wait",)] + (["--wait"] if wait else [])
     args = _with(args, tp_size="4", model_weights_gb="10", **{"env.STANDIN_EXIT_PORT": str(port + 1)})
@@ -66,7 +66,7 @@ def test_a_two_node_start_refused_on_the_second_host_stops_the_first(ddeploy, ho
     """Without --wait the first host's launch is stopped by the command; with it, the first host
     is still waiting (its server is slow to serve) when the second is refused: its operation is
     cut and its agent stops what it started."""
-    old_port, port = _free_port(), _free_port()
+    old_port, port = free_port(), free_port()
     old = ddeploy(*_launch_args("h3", stand_in, "", old_port))
     assert old.code == 0, old.stderr
     old_pid = _record(_launch_dir(hosts, "h3"))["units"][0]["pid"]
@@ -91,7 +91,7 @@ def test_a_two_node_start_refused_on_the_second_host_stops_the_first(ddeploy, ho
 
 
 def test_a_launch_wait_whose_client_dies_stops_what_it_started(hosts, stand_in):
-    port = _free_port()
+    port = free_port()
     launch_dir = _launch_dir(hosts, "h1")
     args = _with(_launch_args("h1", stand_in, "server-ddtree", port), **{"env.STANDIN_DELAY": "30"})
     argv = [sys.executable, "-c", CLI, "-i", str(hosts.inventory_dir), *args]
@@ -106,7 +106,7 @@ def test_a_launch_wait_whose_client_dies_stops_what_it_started(hosts, stand_in):
 
 
 def test_a_second_command_waits_for_the_launch_lock_then_names_its_holder(ddeploy, hosts, stand_in):
-    port = _free_port()
+    port = free_port()
     launch_dir = _launch_dir(hosts, "h1")
     args = _with(_launch_args("h1", stand_in, "server-ddtree", port), **{"env.STANDIN_DELAY": "40"})
     argv = [sys.executable, "-c", CLI, "-i", str(hosts.inventory_dir), *args]
@@ -126,7 +126,7 @@ def test_a_second_command_waits_for_the_launch_lock_then_names_its_holder(ddeplo
 
 
 def test_the_benchmark_clients_run_timeout_stops_it_on_the_host(ddeploy, hosts, stand_in):
-    port = _free_port()
+    port = free_port()
     assert ddeploy(*_launch_args("h1", stand_in, "client-ddtree", port)).code == 0
     r = ddeploy("bench", "--host", "h1", "-n", "1", "-c", "1", "--input-len", "4", "--output-len", "4",
                 "--run-timeout", "2")  # fmt: skip
@@ -151,7 +151,7 @@ def test_a_launch_record_is_replaced_only_by_compare_and_swap(tmp_path):
 def test_a_failed_restore_keeps_the_first_cause_and_says_what_the_host_serves(ddeploy, hosts, stand_in):
     """The linear baseline exits at start, and so does the launch when it is started again: the
     error names both, and says that nothing serves now; nothing is left running."""
-    port = _free_port()
+    port = free_port()
     fail = "server-linear server-ddtree-again"
     assert ddeploy(*_with(_launch_args("h1", stand_in, "", port), **{"env.STANDIN_FAIL": fail})).code == 0
     r = ddeploy("bench", "--host", "h1", "-n", "1", "-c", "1", "--input-len", "4", "--output-len", "4",

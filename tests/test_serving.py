@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
@@ -25,18 +24,12 @@ from pathlib import Path
 import pytest
 
 from host_env import variant_inventory
-from processes import alive
+from processes import alive, free_port
 
 pytestmark = pytest.mark.slow
 
 SMALL = ("--requests", "8", "--concurrency", "4", "--input-len", "16", "--output-len", "32")
 LLAMA_TP1 = ("--set", "cpu_model_arch=llama", "--set", "tp_size=1")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _record(launch_dir: Path) -> dict:
@@ -62,7 +55,7 @@ def local_launch_dir(cli, _isolated_cache):
 
 def test_local_cpu_tiny_serves_ddtree_and_beats_linear_dflash(cli, local_launch_dir):
     launch_dir = local_launch_dir
-    port = ("--set", f"port={_free_port()}")
+    port = ("--set", f"port={free_port()}")
     assert cli("push", "--host", "local").code == 0
 
     r = cli("launch", "--host", "local", "-t", "cpu-tiny", "--wait", *port)
@@ -180,7 +173,7 @@ def test_failed_starts_are_reported_with_their_log_and_leave_nothing_running(cpu
 
 def test_a_client_that_cannot_run_and_a_dying_server_fail_the_run(cpu_host, hosts, tmp_path, cli):
     run, launch_dir, _ = cpu_host
-    port = ("--set", f"port={_free_port()}")
+    port = ("--set", f"port={free_port()}")
     r = run("launch", "--host", "h1", "-t", "cpu-tiny", "--wait", *LLAMA_TP1, *port)
     assert r.code == 0, r.stderr
     assert "DFLASH + DDTree (budget 14, top-K 2, verify width 15), attention torch_native, TP 1" in r.stderr

@@ -17,7 +17,8 @@ from deployer.errors import ConnectError
 from deployer.inventory import Host
 from deployer.transport.connection import Timeouts, open_connection
 from deployer.transport.ssh import connection_chain, hops, split_spec, ssh_config_for
-from sshd_hosts import SshdHost, _free_port
+from processes import free_port
+from sshd_hosts import SshdHost
 
 CONFIG = """Host b300
   HostName 10.0.0.1
@@ -131,7 +132,7 @@ def gate(hosts, tmp_path):
     address = "127.0.0.21"
     h2 = hosts.hosts[1]
     (tmp_path / "gate").mkdir()
-    g = _Gate("gate", address, _free_port(address), tmp_path / "gate", hosts.hosts[0].authorized_keys)
+    g = _Gate("gate", address, free_port(address), tmp_path / "gate", hosts.hosts[0].authorized_keys)
     g.permit = f"{h2.address}:{h2.port}"
     g.start()
     try:

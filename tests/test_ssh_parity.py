@@ -19,7 +19,8 @@ from paramiko.hostkeys import HostKeys
 
 from deployer.errors import ConnectError
 from deployer.transport.connection import open_connection
-from sshd_hosts import SshdHost, _free_port, _keygen
+from processes import free_port
+from sshd_hosts import SshdHost, _keygen
 from test_ssh_config import make_host
 
 pytestmark = pytest.mark.sshd
@@ -221,7 +222,7 @@ class _NoForwarding(SshdHost):
 def closed_gate(hosts, tmp_path):
     address = "127.0.0.22"
     (tmp_path / "closed").mkdir()
-    g = _NoForwarding("closed", address, _free_port(address), tmp_path / "closed", hosts.hosts[0].authorized_keys)
+    g = _NoForwarding("closed", address, free_port(address), tmp_path / "closed", hosts.hosts[0].authorized_keys)
     g.start()
     try:
         yield g
