@@ -8,13 +8,23 @@ import sys
 import time
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name: [state, ppid, ...]."""
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().rsplit(")", 1)[1].split()
+
+
 def alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+        return _stat(pid)[0] != "Z"
     except OSError:
         return False
+
+
+def parent(pid: int) -> int:
+    """The process's parent pid (OSError when it is gone)."""
+    return int(_stat(pid)[1])
 
 
 def free_port(address: str = "127.0.0.1") -> int:

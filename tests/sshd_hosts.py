@@ -33,7 +33,7 @@ from pathlib import Path
 
 import yaml
 
-from processes import free_port
+from processes import free_port, parent
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 BASE_ADDRESS = "127.0.0."
@@ -186,7 +186,7 @@ def _sshd_descendants(pid: int) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                ppid = parent(int(entry.name))
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry.name))

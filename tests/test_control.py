@@ -24,7 +24,7 @@ from deployer.transport import control
 from deployer.transport.agent_client import agent_session
 from deployer.transport.connection import open_connection
 from deployer.transport.protocol import StatusReply
-from processes import logging_python, running, starts
+from processes import logging_python, parent, running, starts
 
 pytestmark = pytest.mark.sshd
 MASTER = "deployer.transport.control_master"
@@ -318,7 +318,7 @@ def _below_sshd(pid: int) -> list[int]:
     chain = []
     while not Path(f"/proc/{pid}/comm").read_text().startswith("sshd"):
         chain.append(pid)
-        pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])  # its ppid
+        pid = parent(pid)
     return chain
 
 

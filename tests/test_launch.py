@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from deployer.ops.launch import build_cache_dir
+from processes import alive
 
 pytestmark = pytest.mark.sshd
 
@@ -25,14 +26,6 @@ STUBBORN = (
     "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     "print('stubborn server', flush=True); time.sleep(300)"
 )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def _launch_dir(host) -> Path:
@@ -99,7 +92,7 @@ def test_launch_starts_detached_logs_show_output_and_stop_ends_exactly_that_proc
         assert again.code == 7 and f"still running (pid {pid})" in again.stderr
         r = ddeploy("stop", "--host", "h1")
         assert r.code == 0 and f"h1-tp8 (pid {pid}): terminated" in r.stderr
-        assert _wait_for(lambda: not _alive(pid), 5)
+        assert _wait_for(lambda: not alive(pid), 5)
         assert follow.wait(timeout=15) == 0  # --follow ends with the server
         assert twin.poll() is None, "a process with the same command line was stopped too"
         r = ddeploy("stop", "--host", "h1")
@@ -110,7 +103,7 @@ def test_launch_starts_detached_logs_show_output_and_stop_ends_exactly_that_proc
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        if _alive(pid):
+        if alive(pid):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -132,7 +125,7 @@ def test_stop_kills_a_server_that_ignores_term_and_a_reused_pid_is_left_alone(dd
     assert r.code == 0, r.stderr
     record = json.loads((launch_dir / "launch.json").read_text())
     pids = [u["pid"] for u in record["units"]]
-    assert [u["name"] for u in record["units"]] == ["h2-ep4-r0", "h2-ep4-r1"] and all(map(_alive, pids))
+    assert [u["name"] for u in record["units"]] == ["h2-ep4-r0", "h2-ep4-r1"] and all(map(alive, pids))
     environ = Path(f"/proc/{pids[1]}/environ").read_bytes().split(b"\0")
     assert {
         b"CUDA_VISIBLE_DEVICES=4,5,6,7",
@@ -144,14 +137,14 @@ def test_stop_kills_a_server_that_ignores_term_and_a_reused_pid_is_left_alone(dd
         forged = {**record, "units": [{**record["units"][0], "starttime": "1"}]}
         (launch_dir / "launch.json").write_text(json.dumps(forged))
         r = ddeploy("stop", "--host", "h2")
-        assert r.code == 7 and "nothing to stop" in r.stderr and all(map(_alive, pids))
+        assert r.code == 7 and "nothing to stop" in r.stderr and all(map(alive, pids))
         (launch_dir / "launch.json").write_text(json.dumps(record))
         r = ddeploy("stop", "--host", "h2", "--grace", "1")
         assert r.code == 0 and r.stderr.count(": killed") == 2, r.stderr
-        assert _wait_for(lambda: not any(map(_alive, pids)), 5)
+        assert _wait_for(lambda: not any(map(alive, pids)), 5)
     finally:
         for pid in pids:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
