@@ -6,9 +6,9 @@
   names the cached wheel. Yields the tmp cache Path.
 - `sshd_fleet` (session): an SshdFleet (see tests/sshd_hosts.py) of 3 real OpenSSH hosts h1..h3 on
   127.0.0.11-13, each with its own clone of the base. Torn down at session end, also on failure.
-- `hosts` (function): the same fleet, reset before the test (all hosts up with their original keys,
-  known_hosts rewritten, every checkout at the pristine base with no ddeploy refs). Use this one in
-  tests so they stay independent: `hosts.hosts[0].checkout`, `hosts.inventory_dir`, ...
+- `hosts` (function): the same fleet, reset before the test (no kept connections, all hosts up with
+  their original keys, known_hosts rewritten, every checkout at the pristine base with no ddeploy
+  refs). Use this one in tests so they stay independent: `hosts.hosts[0].checkout`, `hosts.inventory_dir`, ...
 - `ddeploy` (function): run the real CLI in-process against the fleet's inventory:
   `r = ddeploy("push", "--host", "h1", "--version", str(set_dir))` -> Result(code, stdout, stderr).
 """
@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import sys
+import tempfile
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,12 +98,25 @@ def _isolated_cache(tmp_path_factory):
         mp.setenv("DDEPLOY_CACHE_DIR", str(cache))
         # Refused connects are still retried (3 times), just without the user's 1 s, 2 s, 4 s waits.
         mp.setenv("DDEPLOY_CONNECT_BACKOFF", os.environ.get("DDEPLOY_CONNECT_BACKOFF", "0.05"))
-        # Each test sees its own command's connection (host keys changed, sshd restarted, links cut
-        # between commands); tests/test_control.py proves the kept connections users get by default.
-        mp.setenv("DDEPLOY_CONTROL_PERSIST", os.environ.get("DDEPLOY_CONTROL_PERSIST", "0"))
+        # Kept connections stay on (DDEPLOY_CONTROL_PERSIST unset: the users' default), with the
+        # masters' sockets in a directory of this session's own (short: a socket path has 108 bytes).
+        control = Path(tempfile.mkdtemp(prefix="ddc-"))
+        mp.setenv("DDEPLOY_CONTROL_DIR", str(control))
         if wheels and not os.environ.get("DDEPLOY_SGLANG_WHEEL"):
             mp.setenv("DDEPLOY_SGLANG_WHEEL", str(wheels[0]))
-        yield cache
+        try:
+            yield cache
+        finally:
+            close_kept_connections()
+            shutil.rmtree(control, ignore_errors=True)
+
+
+def close_kept_connections() -> None:
+    """Close every master of this session (as `ddeploy disconnect`): each test starts with fresh
+    connections, and the commands within a test share them as a user's commands do."""
+    from deployer.transport.control import disconnect
+
+    disconnect()
 
 
 @pytest.fixture(scope="session")
@@ -115,6 +130,7 @@ def sshd_fleet(tmp_path_factory, _isolated_cache):
 
 @pytest.fixture
 def hosts(sshd_fleet):
+    close_kept_connections()
     sshd_fleet.reset()
     yield sshd_fleet
 
