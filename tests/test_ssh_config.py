@@ -17,6 +17,7 @@ from deployer.errors import ConnectError
 from deployer.inventory import Host
 from deployer.transport.connection import Timeouts, open_connection
 from deployer.transport.ssh import connection_chain, hops, split_spec, ssh_config_for
+from deployer.transport.ssh_connection import SSHConnection
 from processes import free_port
 from sshd_hosts import SshdHost
 
@@ -180,3 +181,16 @@ def test_two_jump_hosts_in_openssh_order_with_strict_host_keys_on_every_hop(host
     with open_connection(host, accept_new_host_keys=True) as conn:  # the opt-in records a middle hop's key
         assert conn.run(["true"]).ok
     assert h2.known_hosts_line().split()[2] in known.read_text()
+
+
+def test_server_alive_settings_come_from_the_file_with_ddeploys_default(tmp_path):
+    """ServerAliveInterval/CountMax as written (a time; 0: off); none written: 15 s x OpenSSH's 3;
+    a value that is not a number is refused before connecting, naming the file."""
+    config = tmp_path / "ssh_config"
+    config.write_text("Host fast\n  ServerAliveInterval 1m\n  ServerAliveCountMax 5\nHost off\n  ServerAliveInterval 0\n")
+    assert chain(make_host("fast", config=str(config))).server_alive == (60, 5)
+    assert chain(make_host("off", config=str(config))).server_alive[0] == 0
+    assert chain(make_host("plain", config=str(config))).server_alive == (15, 3)
+    config.write_text("Host bad\n  ServerAliveCountMax many\n")
+    with pytest.raises(ConnectError, match=rf"ssh_config {config} cannot be used for bad: .*ServerAliveCountMax"):
+        SSHConnection(make_host("bad", config=str(config)))

@@ -34,6 +34,7 @@ import paramiko
 from fabric import Config, Connection
 
 from ..errors import ConnectError
+from .keepalive import Keepalive, alive_settings
 from .known_hosts import KnownHosts, transport_preferring
 
 if TYPE_CHECKING:
@@ -85,11 +86,11 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 _TIME_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-def convtime(value: str) -> int:
+def convtime(value: str, option: str = "ConnectTimeout") -> int:
     """An ssh_config time (`30`, `1m30s`) in whole seconds, as ssh reads it; ValueError otherwise."""
     parts = re.findall(r"(\d+)([smhdw]?)", str(value).lower())
     if not parts or "".join(n + u for n, u in parts) != str(value).lower():
-        raise ValueError(f"ConnectTimeout {value!r} is not a time (whole seconds, or e.g. 1m30s)")
+        raise ValueError(f"{option} {value!r} is not a time (whole seconds, or e.g. 1m30s)")
     return sum(int(n) * _TIME_UNITS[u] for n, u in parts)
 
 
@@ -151,6 +152,7 @@ class _Builder:
             connect_kwargs={**self._auth(options, keys or []), "timeout": self._connect_timeout(options, is_target)},
         )
         conn.connect_timeout = None
+        conn.server_alive = alive_settings(options, self.timeouts.keepalive, convtime)  # checked before connecting
         _strict_host_keys(conn, self.accept_new)
         return conn
 
@@ -239,6 +241,12 @@ def describe_hop(hop: Connection, conn: Connection) -> str:
     if hop is conn:
         return target(conn)
     return f"{hop.user}@{hop.host}:{hop.port} (ProxyJump hop to {conn.user}@{conn.host}:{conn.port})"
+
+
+def keep_alive(hop: Connection) -> Keepalive | None:
+    """The open hop's keepalive watcher (its ServerAliveInterval x ServerAliveCountMax), or None: off."""
+    interval, count = hop.server_alive
+    return Keepalive.start(hop.transport, f"{hop.user}@{hop.host}:{hop.port}", interval, count)
 
 
 def close_chain(conn: Connection) -> None:

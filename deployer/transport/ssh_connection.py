@@ -53,7 +53,8 @@ class SSHConnection(Connection):
             message = describe_connect_error(exc, where) + attempts_note(exc)
             raise ConnectError(message, host=self.name) from None
         self.transport = self.fabric.transport
-        self.transport.set_keepalive(self.timeouts.keepalive)
+        # every hop's ServerAliveInterval x ServerAliveCountMax: a dead link is closed, not waited on
+        self.keepalives = [watch for hop in ssh.hops(self.fabric) if (watch := ssh.keep_alive(hop))]
 
     def _chain(self, accept_new: bool):
         from . import ssh
@@ -95,7 +96,7 @@ class SSHConnection(Connection):
                 host=self.name,
             ) from None
         except (SSHException, OSError, EOFError) as exc:
-            raise _lost(self.name, argv, exc) from None
+            raise self.lost(argv, exc) from None
         return _StartedChannel(self, argv, chan, hold_stdin)
 
     def _open_session(self) -> paramiko.Channel:
@@ -108,15 +109,19 @@ class SSHConnection(Connection):
         except paramiko.ChannelException:
             return self.transport.open_session()
 
+    def lost(self, argv: list[str], exc: BaseException) -> ConnectError:
+        """The connection broke under argv: why, in one line (a keepalive's verdict when it closed the link)."""
+        why = next((w.reason for w in getattr(self, "keepalives", []) if w.reason), None)
+        return ConnectError(f"connection lost while running {argv[0]}: {why or exc or type(exc).__name__}",
+                            host=self.name)  # fmt: skip
+
     def close(self) -> None:
         from . import ssh
 
+        for watch in getattr(self, "keepalives", []):
+            watch.stop()
         if getattr(self, "transport", None) is not None:
             ssh.close_chain(self.fabric)
-
-
-def _lost(host: str, argv: list[str], exc: BaseException) -> ConnectError:
-    return ConnectError(f"connection lost while running {argv[0]}: {exc or type(exc).__name__}", host=host)
 
 
 class _StartedChannel(StartedCommand):
@@ -130,7 +135,7 @@ class _StartedChannel(StartedCommand):
         try:
             res = _pump_channel(self.chan, input, stream, timeout, self.conn.name, self.hold_stdin)
         except (SSHException, OSError, EOFError) as exc:
-            raise _lost(self.conn.name, self.argv, exc) from None
+            raise self.conn.lost(self.argv, exc) from None
         finally:  # the remote command sees end of file (when held: the client is done or gone)
             self.chan.close()
         return check_result(self.conn.name, self.argv, res, check)
