@@ -79,6 +79,11 @@ class SshdHost:
             _keygen(self.host_key, f"host-{self.name}")
 
     @property
+    def cache_dir(self) -> Path:
+        """The host's DDEPLOY_CACHE_DIR: its launch lock and records live in `launches/` there."""
+        return self.root / "cache"
+
+    @property
     def config_path(self) -> Path:
         return self.root / "sshd_config"
 
@@ -110,7 +115,8 @@ class SshdHost:
                     "LogLevel ERROR",
                     "MaxStartups 100:30:200",
                     f"MaxSessions {self.max_sessions}",
-                    f"SetEnv DDEPLOY_TEST_HOST={self.name}",
+                    # the agent's launch lock and records (~/.cache/ddeploy/launches on a real host)
+                    f"SetEnv DDEPLOY_TEST_HOST={self.name} DDEPLOY_CACHE_DIR={self.cache_dir}",
                     "",
                 ]
             )

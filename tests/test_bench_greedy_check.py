@@ -16,7 +16,7 @@ import signal
 import pytest
 
 from processes import alive, free_port
-from test_bench_interrupt import _healthy_config, _launch_args, _stand_in_pids
+from test_bench_interrupt import _healthy_config, _launch_args, _stand_in_pids, launches_dir
 from test_launch_lifecycle import _record
 
 pytestmark = pytest.mark.sshd
@@ -38,7 +38,7 @@ def marks(hosts, cli, tmp_path):
 
 @pytest.mark.parametrize("diverging", ["", "ddtree"], ids=["equal", "ddtree-diverges"])
 def test_the_greedy_check_compares_every_probe_token_and_a_failure_keeps_the_launch(hosts, cli, marks, diverging):
-    launch_dir = hosts.host("h1").checkout.parent / "ddeploy-launch"
+    launch_dir = launches_dir(hosts, "h1")
     port = free_port()
     args = [*_launch_args("h1", marks, "", port), "--set", f"env.STANDIN_DIVERGE={diverging}"]
     r = cli(*args, inventory=hosts.inventory_dir)

@@ -63,11 +63,21 @@ def _launch_args(host: str, marks: Path, slow: str, port: int) -> list[str]:
     return args
 
 
-def _lock_free(launch_dir: Path) -> bool:
+def launches_dir(hosts, name: str, cache: Path | None = None) -> Path:
+    """Where the agent keeps a host's launch record and lock: `launches/` in the host's
+    DDEPLOY_CACHE_DIR (the session's cache for `local`, the sshd host's own for the others)."""
+    return (cache if name == "local" else hosts.host(name).cache_dir) / "launches"
+
+
+def read_record(launches: Path) -> dict:
+    return json.loads((launches / "launch.json").read_text())
+
+
+def _lock_free(launches: Path) -> bool:
     """Nothing holds the host's launch lock: no launch, wait, bench or stop is at work there."""
-    if not (launch_dir / "launch.lock").exists():
+    if not (launches / "launch.lock").exists():
         return True
-    fd = os.open(launch_dir / "launch.lock", os.O_RDWR)
+    fd = os.open(launches / "launch.lock", os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
@@ -120,15 +130,13 @@ CASES += [("h1", "cut", "baseline measurement"), ("local", "cut", "baseline star
 
 @pytest.fixture
 def bench_host(request, hosts, cli, _isolated_cache, tmp_path):
-    """(host name, its launch dir, the marks dir) for the stand-in launches."""
+    """(host name, its launches dir (record and lock), the marks dir) for the stand-in launches."""
     name = request.param
     if name == "local":
-        launch_dir = _isolated_cache / "local" / "ddeploy-launch"
         checkout = _isolated_cache / "local" / "sglang"
         checkout.mkdir(parents=True, exist_ok=True)
         subprocess.run(["git", "init", "-q", str(checkout)], check=True)
-    else:
-        launch_dir = hosts.host(name).checkout.parent / "ddeploy-launch"
+    launch_dir = launches_dir(hosts, name, _isolated_cache)
     marks = tmp_path / "marks"
     marks.mkdir()
     yield name, launch_dir, marks
@@ -146,13 +154,13 @@ def test_bench_compare_interrupted_leaves_the_original_serving_and_recorded(benc
     port = free_port()
     r = cli(*_launch_args(name, marks, PHASES[phase][1], port), inventory=hosts.inventory_dir)
     assert r.code == 0, r.stderr
-    original = json.loads((launch_dir / "launch.json").read_text())
+    original = read_record(launch_dir)
     sig = signal.SIGINT if how == "ctrl-c" else signal.SIGKILL
     rc, err = _interrupt_bench(hosts.inventory_dir, name, marks, phase, sig)
     assert rc == (130 if how == "ctrl-c" else -signal.SIGKILL), err
     # the host finishes on its own: the baseline stopped, the original started again and serving
     assert wait_until(lambda: _lock_free(launch_dir), 90), "the host's bench never ended"
-    record = json.loads((launch_dir / "launch.json").read_text())
+    record = read_record(launch_dir)
     assert record["topology"] == "tp8" and record.get("variant") is None and record["state"] == "running", record
     assert record["dir"] == original["dir"]
     (unit,) = record["units"]

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from deployer.ops.launch import build_cache_dir
-from processes import alive
+from processes import alive, parent
+from test_bench_interrupt import CLI, ROOT
 
 pytestmark = pytest.mark.sshd
 
@@ -29,9 +30,20 @@ STUBBORN = (
 
 
 def _launch_dir(host) -> Path:
+    """The host's default launch dir (scripts and logs), emptied, and its launch records too."""
     path = host.checkout.parent / "ddeploy-launch"
     shutil.rmtree(path, ignore_errors=True)  # launch state lives outside the checkout the fixture resets
+    shutil.rmtree(_launches(host), ignore_errors=True)
     return path
+
+
+def _launches(host) -> Path:
+    """Where the agent keeps the host's launch record and lock, whatever launch_dir a launch used."""
+    return host.cache_dir / "launches"
+
+
+def _record(host) -> dict:
+    return json.loads((_launches(host) / "launch.json").read_text())
 
 
 def _wait_for(predicate, timeout: float = 10.0) -> bool:
@@ -49,7 +61,7 @@ def test_launch_starts_detached_logs_show_output_and_stop_ends_exactly_that_proc
     server = shlex.join([sys.executable, "-c", STAND_IN])
     r = ddeploy("launch", "--host", "h1", "-t", "tp8", "--set", f"server_command={server}")
     assert r.code == 0, r.stderr
-    record = json.loads((launch_dir / "launch.json").read_text())
+    record = _record(h1)
     (unit,) = record["units"]
     pid = unit["pid"]
     assert record["topology"] == "tp8" and record["state"] == "running" and f"(pid {pid})" in r.stderr
@@ -89,7 +101,11 @@ def test_launch_starts_detached_logs_show_output_and_stop_ends_exactly_that_proc
         )
         assert "stand-in server --model-path" in follow.stdout.readline()
         again = ddeploy("launch", "--host", "h1", "-t", "tp8", "--set", f"server_command={server}")
-        assert again.code == 7 and f"still running (pid {pid})" in again.stderr
+        assert (
+            again.code == 7
+            and f"[h1] h1-tp8 (topology tp8, pid {pid}, scripts in {launch_dir}/tp8) is still running on h1"
+            in again.stderr
+        )
         r = ddeploy("stop", "--host", "h1")
         assert r.code == 0 and f"h1-tp8 (pid {pid}): terminated" in r.stderr
         assert _wait_for(lambda: not alive(pid), 5)
@@ -109,7 +125,7 @@ def test_launch_starts_detached_logs_show_output_and_stop_ends_exactly_that_proc
 
 def test_stop_kills_a_server_that_ignores_term_and_a_reused_pid_is_left_alone(ddeploy, hosts):
     h2 = hosts.host("h2")
-    launch_dir = _launch_dir(h2)
+    _launch_dir(h2)
     server = shlex.join([sys.executable, "-c", STUBBORN])
     r = ddeploy(
         "launch",
@@ -123,7 +139,7 @@ def test_stop_kills_a_server_that_ignores_term_and_a_reused_pid_is_left_alone(dd
         "jit_cache_dir=/srv/jit cache",
     )
     assert r.code == 0, r.stderr
-    record = json.loads((launch_dir / "launch.json").read_text())
+    record = _record(h2)
     pids = [u["pid"] for u in record["units"]]
     assert [u["name"] for u in record["units"]] == ["h2-ep4-r0", "h2-ep4-r1"] and all(map(alive, pids))
     environ = Path(f"/proc/{pids[1]}/environ").read_bytes().split(b"\0")
@@ -135,10 +151,10 @@ def test_stop_kills_a_server_that_ignores_term_and_a_reused_pid_is_left_alone(dd
     try:
         # a record whose start time does not match (pid reused by someone else) is never signalled
         forged = {**record, "units": [{**record["units"][0], "starttime": "1"}]}
-        (launch_dir / "launch.json").write_text(json.dumps(forged))
+        (_launches(h2) / "launch.json").write_text(json.dumps(forged))
         r = ddeploy("stop", "--host", "h2")
         assert r.code == 7 and "nothing to stop" in r.stderr and all(map(alive, pids))
-        (launch_dir / "launch.json").write_text(json.dumps(record))
+        (_launches(h2) / "launch.json").write_text(json.dumps(record))
         r = ddeploy("stop", "--host", "h2", "--grace", "1")
         assert r.code == 0 and r.stderr.count(": killed") == 2, r.stderr
         assert _wait_for(lambda: not any(map(alive, pids)), 5)
@@ -158,12 +174,13 @@ def test_launch_dry_run_touches_nothing_and_logs_without_launch_is_a_clear_error
 
 
 def test_a_server_that_exits_at_once_fails_the_launch_with_its_log(ddeploy, hosts):
-    launch_dir = _launch_dir(hosts.host("h3"))
+    h3 = hosts.host("h3")
+    _launch_dir(h3)
     crash = shlex.join([sys.executable, "-c", "import sys; print('bad flag --tp-sise'); sys.exit(3)"])
     r = ddeploy("launch", "--host", "h3", "-t", "tp8", "--set", f"server_command={crash}")
     assert r.code == 6 and "[h3] h3-tp8 exited right after start (the launch is stopped):" in r.stderr
     assert "bad flag --tp-sise" in r.stderr
-    assert json.loads((launch_dir / "launch.json").read_text())["units"][0]["name"] == "h3-tp8"
+    assert _record(h3)["units"][0]["name"] == "h3-tp8"
     r = ddeploy("stop", "--host", "h3")
     assert r.code == 7 and "last launch tp8 has exited" in r.stderr
 
@@ -194,12 +211,148 @@ def test_the_jit_cache_comes_from_a_good_build_of_the_applied_version():
 def test_an_unreadable_launch_record_is_an_error_not_nothing_launched(ddeploy, hosts):
     """A record that cannot be read (here a directory: root reads files of any mode) never reads as
     'nothing was launched', which would let launch start a second server beside the first."""
-    launch_dir = _launch_dir(hosts.host("h3"))
-    (launch_dir / "launch.json").mkdir(parents=True)
+    h3 = hosts.host("h3")
+    _launch_dir(h3)
+    (_launches(h3) / "launch.json").mkdir(parents=True)
     try:
         for args in (("logs",), ("stop",), ("launch", "-t", "tp8")):
             r = ddeploy(*args, "--host", "h3")
             assert r.code == 7, r.stderr
-            assert f"[h3] cannot read the launch record {launch_dir / 'launch.json'}" in r.stderr
+            assert f"[h3] cannot read the launch record {_launches(h3) / 'launch.json'}" in r.stderr
     finally:
-        shutil.rmtree(launch_dir)
+        shutil.rmtree(_launches(h3))
+
+
+# A server that forks a worker into its session, as SGLang's launcher forks its schedulers.
+FORKING = (
+    "import subprocess, sys, time; "
+    "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+    "print('worker', w.pid, flush=True); time.sleep(300)"
+)
+PID_SERVER = "import os, time; print('server pid', os.getpid(), flush=True); time.sleep(300)"
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and parent(int(name)) == pid:
+                kids.append(int(name))
+        except OSError:
+            pass
+    return kids
+
+
+def test_a_second_launch_with_another_launch_dir_is_refused_and_stop_finds_the_first(ddeploy, hosts, tmp_path):
+    """The lock and the record are the host's, not the launch dir's: `--set launch_dir=B` cannot
+    start a second server on the GPUs that A's launch holds, and `stop`/`logs` without the --set
+    find A's launch."""
+    h1 = hosts.host("h1")
+    _launch_dir(h1)
+    a, b = tmp_path / "launch-a", tmp_path / "launch-b"
+    server = shlex.join([sys.executable, "-c", STAND_IN])
+    r = ddeploy("launch", "--host", "h1", "-t", "tp8", "--set", f"server_command={server}", "--set", f"launch_dir={a}")
+    assert r.code == 0, r.stderr
+    pid = _record(h1)["units"][0]["pid"]
+    try:
+        again = ddeploy(
+            "launch", "--host", "h1", "-t", "tp8", "--set", f"server_command={server}", "--set", f"launch_dir={b}"
+        )
+        assert again.code == 7, again.stderr
+        error = again.stderr.strip().splitlines()[-1]
+        assert error == (
+            f"ddeploy: error: [h1] h1-tp8 (topology tp8, pid {pid}, scripts in {a}/tp8) is still running on h1; "
+            "run `ddeploy stop --host h1` first"
+        )
+        assert not (b / "tp8").exists() and _record(h1)["units"][0]["pid"] == pid
+        assert _wait_for(lambda: "stand-in server" in ddeploy("logs", "--host", "h1").stdout)
+        r = ddeploy("stop", "--host", "h1")
+        assert r.code == 0 and f"h1-tp8 (pid {pid}): terminated" in r.stderr, r.stderr
+        assert _wait_for(lambda: not alive(pid), 5)
+    finally:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_record_an_older_agent_kept_in_the_launch_dir_is_adopted_by_stop(ddeploy, hosts):
+    """Before the record moved to the host's cache it lived in `<launch_dir>/launch.json`: a server
+    recorded there is still found (and stopped) by the new agent."""
+    h3 = hosts.host("h3")
+    launch_dir = _launch_dir(h3)
+    launch_dir.mkdir(parents=True)
+    proc = subprocess.Popen([sys.executable, "-c", STAND_IN], stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        starttime = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        unit = {"name": "h3-tp8", "pid": proc.pid, "starttime": starttime, "log": str(launch_dir / "x.log")}
+        old = {"id": "old-1", "topology": "tp8", "dir": str(launch_dir / "tp8"), "state": "running", "units": [unit]}
+        (launch_dir / "launch.json").write_text(json.dumps(old))
+        r = ddeploy("stop", "--host", "h3")
+        assert r.code == 0 and f"h3-tp8 (pid {proc.pid}): terminated" in r.stderr, r.stderr
+        assert proc.wait(5) is not None
+        assert _record(h3)["id"] == "old-1" and _record(h3)["state"] == "stopped"
+        assert not (launch_dir / "launch.json").exists() and (launch_dir / "launch.json.adopted").is_file()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_workers_that_outlive_a_killed_leader_block_a_new_launch_and_stop_kills_them(ddeploy, hosts):
+    """A scheduler whose launcher was SIGKILLed keeps its GPU memory: the unit still runs while any
+    process of its session lives."""
+    h2 = hosts.host("h2")
+    _launch_dir(h2)
+    server = shlex.join([sys.executable, "-c", FORKING])
+    r = ddeploy("launch", "--host", "h2", "-t", "tp8", "--set", f"server_command={server}")
+    assert r.code == 0, r.stderr
+    leader = _record(h2)["units"][0]["pid"]
+    assert _wait_for(lambda: len(_children(leader)) == 1)
+    (worker,) = _children(leader)
+    try:
+        assert os.getsid(worker) == leader
+        os.kill(leader, signal.SIGKILL)
+        assert _wait_for(lambda: not alive(leader), 5) and alive(worker)
+        again = ddeploy("launch", "--host", "h2", "-t", "tp8", "--set", f"server_command={server}")
+        assert again.code == 7 and f"[h2] h2-tp8 (topology tp8, pid {leader}," in again.stderr, again.stderr
+        assert "is still running on h2" in again.stderr
+        r = ddeploy("stop", "--host", "h2", "--grace", "5")
+        assert r.code == 0 and f"h2-tp8 (pid {leader}): terminated" in r.stderr, r.stderr
+        assert _wait_for(lambda: not alive(worker), 5)
+        assert _record(h2)["state"] == "stopped"
+    finally:
+        for pid in (leader, worker):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_launch_whose_record_cannot_be_written_stops_what_it_started(hosts, tmp_path):
+    """Another writer replaces the record while the unit starts (the compare-and-swap fails): the
+    unit just started is stopped and the command fails naming the host; nothing runs unrecorded."""
+    h1 = hosts.host("h1")
+    launch_dir = _launch_dir(h1)
+    server = shlex.join([sys.executable, "-c", PID_SERVER])
+    argv = [sys.executable, "-c", CLI, "-i", str(hosts.inventory_dir), "launch", "--host", "h1", "-t", "tp8"]
+    env = {**os.environ, "DDEPLOY_TEST_AGENT_PAUSE": "launch_unit_started:3"}
+    proc = subprocess.Popen(
+        [*argv, "--set", f"server_command={server}"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True
+    )
+    log = launch_dir / "tp8" / "h1-tp8.log"
+    pid = None
+    try:
+        assert _wait_for(lambda: log.exists() and "server pid" in log.read_text(), 30)
+        pid = int(log.read_text().split("server pid ")[1].split()[0])
+        other = {"id": "someone-else", "topology": "tp8", "dir": str(tmp_path), "state": "stopped", "units": []}
+        (_launches(h1) / "launch.json").write_text(json.dumps(other))
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 7, err
+        line = err.strip().splitlines()[-1]
+        assert line.startswith("ddeploy: error: [h1] the launch record ") and "could not be written" in line, line
+        assert "so the tp8 launch was stopped" in line and "changed under this operation" in line
+        assert not alive(pid)
+        assert _record(h1)["id"] == "someone-else"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if pid and alive(pid):
+            os.kill(pid, signal.SIGKILL)

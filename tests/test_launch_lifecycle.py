@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from processes import alive, free_port, wait_until
-from test_bench_interrupt import CLI, ROOT, _launch_args, _lock_free, _stand_in_pids
+from test_bench_interrupt import CLI, ROOT, _launch_args, _lock_free, _stand_in_pids, launches_dir
 
 pytestmark = pytest.mark.sshd
 
@@ -34,11 +34,12 @@ def stand_in(hosts, tmp_path):
 
 
 def _launch_dir(hosts, name: str) -> Path:
-    return hosts.host(name).checkout.parent / "ddeploy-launch"
+    """The host's launches dir: its launch record and lock (not the launch_dir of the scripts)."""
+    return launches_dir(hosts, name)
 
 
-def _record(launch_dir: Path) -> dict:
-    return json.loads((launch_dir / "launch.json").read_text())
+def _record(launches: Path) -> dict:
+    return json.loads((launches / "launch.json").read_text())
 
 
 def _with(args: list[str], **sets: str) -> list[str]:
@@ -138,14 +139,16 @@ def test_the_benchmark_clients_run_timeout_stops_it_on_the_host(ddeploy, hosts, 
     assert ddeploy("stop", "--host", "h1").code == 0
 
 
-def test_a_launch_record_is_replaced_only_by_compare_and_swap(tmp_path):
+def test_a_launch_record_is_replaced_only_by_compare_and_swap(tmp_path, monkeypatch):
     from deployer.agent.common import Fail
     from deployer.agent.launch_record import read_launch, write_launch
 
-    write_launch(str(tmp_path), {"id": "new", "topology": "tp8"})
+    monkeypatch.setenv("DDEPLOY_CACHE_DIR", str(tmp_path))
+    write_launch({"id": "new", "topology": "tp8"})
     with pytest.raises(Fail, match="changed under this operation"):
-        write_launch(str(tmp_path), {"id": "old", "topology": "tp8", "state": "running"}, replaces="old")
-    assert read_launch(str(tmp_path)) == {"id": "new", "topology": "tp8"}
+        write_launch({"id": "old", "topology": "tp8", "state": "running"}, replaces="old")
+    assert read_launch() == {"id": "new", "topology": "tp8"}
+    assert (tmp_path / "launches" / "launch.json").is_file()
 
 
 def test_a_failed_restore_keeps_the_first_cause_and_says_what_the_host_serves(ddeploy, hosts, stand_in):

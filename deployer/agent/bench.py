@@ -28,7 +28,7 @@ import urllib.error
 from .client import gone, pause
 from .common import Fail, now, progress
 from .launch import start_launch, stop_launch
-from .launch_record import alive_units, hold_launch_lock, read_launch
+from .launch_record import alive_units, hold_launch_lock, live_units, read_launch
 from .repo import Repo
 from .serving import http_json, log_tail, serving_summary, verify_calls, wait_serving
 from .state import update_section
@@ -212,9 +212,9 @@ def measure(req: dict, record: dict) -> dict:
     }
 
 
-def serving_launch(base: str, req: dict) -> dict:
+def serving_launch(req: dict) -> dict:
     """The launch the client asked to measure: running, and the one it rendered for."""
-    record = read_launch(base)
+    record = read_launch()
     name = req["target"]["name"]
     if record is None or not alive_units(record):
         raise Fail(
@@ -230,44 +230,44 @@ def serving_launch(base: str, req: dict) -> dict:
 def measure_baseline(base: str, req: dict, record: dict) -> dict:
     """Stop the launch, start its baseline, wait for it and measure it. The caller restores."""
     compare = req["compare"]
-    stop_launch(base, record, 30.0)
+    stop_launch(record, 30.0)
     topology = record["topology"]
     remote = os.path.join(base, "%s-%s" % (topology, compare["variant"]))
     for unit in compare["units"]:
         write_files(remote, unit_files(unit))
     progress("launching the %s baseline of %s" % (compare["variant"], topology))
     keep = {"variant": compare["variant"], "sets": compare.get("sets") or []}
-    baseline = start_launch(base, topology, remote, compare["units"], keep, float(req.get("settle", 1.0)))
-    wait_serving(base, baseline, float(req.get("wait_timeout", 900)), started_here=True)
+    baseline = start_launch(topology, remote, compare["units"], keep, req)
+    wait_serving(baseline, float(req.get("wait_timeout", 900)), started_here=True)
     progress("measuring the %s baseline (%s)" % (compare["variant"], topology))
     return measure(req, baseline)
 
 
-def restore(base: str, req: dict, original: dict, cause) -> dict:
+def restore(req: dict, original: dict, cause) -> dict:
     """Stop whatever the baseline left running, start the original launch again from its scripts
     and wait for it; even with the client gone. A failure names `cause` (what went wrong first)
     and what the host serves now."""
-    current = read_launch(base)
-    if current and current.get("id") != original.get("id") and alive_units(current):
-        stop_launch(base, current, 30.0)
+    current = read_launch()
+    if current and current.get("id") != original.get("id") and live_units(current):
+        stop_launch(current, 30.0)
     progress("starting %s again" % original["topology"])
     keep = {k: original.get(k) for k in ("variant", "sets")}
     try:
-        again = start_launch(base, original["topology"], original["dir"], original["units"], keep, 1.0)
-        wait_serving(base, again, float(req.get("wait_timeout", 900)), started_here=False, interruptible=False)
+        again = start_launch(original["topology"], original["dir"], original["units"], keep, dict(req, settle=1.0))
+        wait_serving(again, float(req.get("wait_timeout", 900)), started_here=False, interruptible=False)
         return again
     except Fail as exc:
         first = "; what failed first: %s" % cause if cause else ""
-        now_serving = describe_serving(base, req["target"]["name"], original["topology"])
+        now_serving = describe_serving(req["target"]["name"], original["topology"])
         raise Fail(
             "RemoteCommandError",
             "restoring %s failed: %s%s; the host now serves %s" % (original["topology"], exc, first, now_serving),
         ) from None
 
 
-def describe_serving(base: str, host: str, topology: str) -> str:
-    record = read_launch(base)
-    running = alive_units(record)
+def describe_serving(host: str, topology: str) -> str:
+    record = read_launch()
+    running = live_units(record)
     if not running:
         return "nothing (`ddeploy launch --host %s --topology %s --wait` starts it)" % (host, topology)
     return "%s, recorded, pid %s (`ddeploy status` / `ddeploy stop` find it)" % (
@@ -279,8 +279,8 @@ def describe_serving(base: str, host: str, topology: str) -> str:
 def op_bench(repo: Repo, req: dict) -> dict:
     """Measure the serving launch; with `compare`, its baseline too, and serve the launch again."""
     base = req["base"]
-    hold_launch_lock(base, req)
-    record = serving_launch(base, req)
+    hold_launch_lock(req)
+    record = serving_launch(req)
     if len(record["units"]) != 1:
         count = len(record["units"])
         raise Fail("UsageError", "bench drives one server; %s runs %d units" % (record["topology"], count))
@@ -293,7 +293,7 @@ def op_bench(repo: Repo, req: dict) -> dict:
         measured.append(measure_baseline(base, req, record))
     except Exception as exc:  # noqa: BLE001 - raised again once the launch serves again
         cause = exc
-    restored = restore(base, req, original, cause)
+    restored = restore(req, original, cause)
     if cause is not None:
         raise cause
     return {"ok": True, "measured": measured, "restored": restored}

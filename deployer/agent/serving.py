@@ -8,7 +8,6 @@ a wait runs ends it: a launch this command started is stopped, one it found is l
 """
 
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -101,33 +100,33 @@ def serving_summary(info: dict) -> dict:
     }
 
 
-def fail_launch(base: str, record: dict, unit: dict, why: str, stop: bool) -> None:
+def fail_launch(record: dict, unit: dict, why: str, stop: bool) -> None:
     """The launch failed at `unit`: with `stop` (this command started it), stop every unit of it
     first; record the failure, show the unit's log tail, raise one line."""
     if stop:
-        stop_groups(alive_units(record), 10.0)
+        stop_groups(record["units"], 10.0)
         why += " (the launch is stopped)"
     lines = log_tail(unit["log"]) if unit.get("log") else []
     for line in lines:
         progress("%s | %s" % (unit["name"], line))
     record.update(state="failed", failure="%s %s" % (unit["name"], why), failed_at=now())
-    write_launch(base, record, replaces=record.get("id"))
+    write_launch(record, replaces=record.get("id"))
     last = lines[-1].strip() if lines else "(empty log)"
     where = " (log %s)" % unit["log"] if unit.get("log") else ""
     raise Fail("RemoteCommandError", "%s %s: %s%s" % (unit["name"], why, last, where))
 
 
-def abandon(base: str, record: dict, started_here: bool) -> None:
+def abandon(record: dict, started_here: bool) -> None:
     """The client went away during a wait: stop what this command started (recorded as stopped);
     a launch it found running is left as it is."""
     if started_here:
-        stop_groups(alive_units(record), 10.0)
+        stop_groups(record["units"], 10.0)
         record.update(state="stopped", stopped_at=now(), failure="its client went away before it served")
-        write_launch(base, record, replaces=record.get("id"))
+        write_launch(record, replaces=record.get("id"))
     raise Fail("StateError", "the client went away while %s was starting" % record["topology"])
 
 
-def wait_serving(base: str, record: dict, timeout: float, started_here: bool = False, interruptible: bool = True):
+def wait_serving(record: dict, timeout: float, started_here: bool = False, interruptible: bool = True):
     """Block until every unit answers /health; its summary per unit. A unit that exits fails at
     once; so does the timeout, and (`interruptible`) the client going away. `started_here` (launch
     --wait, a bench baseline): the command started these units, so a failure stops them all; a
@@ -139,7 +138,7 @@ def wait_serving(base: str, record: dict, timeout: float, started_here: bool = F
     while pending:
         for unit in list(pending):
             if not alive_units({"units": [unit]}):
-                fail_launch(base, record, unit, "exited before it served", stop=started_here)
+                fail_launch(record, unit, "exited before it served", stop=started_here)
             if not unit.get("url"):  # a node rank > 0: no HTTP server; rank 0's health covers it
                 pending.remove(unit)
                 continue
@@ -149,24 +148,22 @@ def wait_serving(base: str, record: dict, timeout: float, started_here: bool = F
                 pending.remove(unit)
                 progress("%s: healthy after %.0f s" % (unit["name"], time.time() - started))
         if pending and time.time() > deadline:
-            fail_launch(base, record, pending[0], "not healthy after %.0f s" % timeout, stop=started_here)
+            fail_launch(record, pending[0], "not healthy after %.0f s" % timeout, stop=started_here)
         if not pending:
             break
         if not interruptible:
             time.sleep(1.0)
         elif pause(1.0):  # woken early: the client has gone
-            abandon(base, record, started_here)
+            abandon(record, started_here)
     record.update(state="running", serving=served)
-    write_launch(base, record, replaces=record.get("id"))
+    write_launch(record, replaces=record.get("id"))
     return served
 
 
 def op_wait(repo: Repo, req: dict) -> dict:
     """The last launch, once every unit is healthy (launch --wait, bench)."""
-    base = req["base"]
-    if os.path.isdir(base):
-        hold_launch_lock(base, req)
-    record = read_launch(base)
+    hold_launch_lock(req)
+    record = read_launch()
     name = req["target"]["name"]
     if record is None or not alive_units(record):
         what = "nothing was launched" if record is None else "the last launch (%s) is not running" % record["topology"]
@@ -175,5 +172,5 @@ def op_wait(repo: Repo, req: dict) -> dict:
             "%s on %s; run `ddeploy launch --host %s --topology TOPOLOGY --wait` first" % (what, name, name),
         )
     started_here = bool(req.get("started_here"))
-    serving = wait_serving(base, record, float(req.get("timeout", 900)), started_here)
+    serving = wait_serving(record, float(req.get("timeout", 900)), started_here)
     return {"ok": True, "record": record, "serving": serving}

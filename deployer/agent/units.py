@@ -1,5 +1,6 @@
 """A launch's units on the host: their files written, their processes started detached and
-stopped exactly (each unit leads its own process group; its pid is checked by start time)."""
+stopped exactly (each unit leads its own session; its pid is checked by start time, and its
+session's members are found in /proc, also after the leader died)."""
 
 import os
 import signal
@@ -7,7 +8,7 @@ import subprocess
 import time
 
 from .common import Fail, now
-from .launch_record import start_time
+from .launch_record import start_time, unit_pids
 
 
 def write_files(directory: str, files: list) -> list:
@@ -65,41 +66,44 @@ def start_unit(remote: str, unit: dict) -> dict:
     }
 
 
-def group_alive(unit: dict) -> bool:
-    """Whether the unit's process group still has a live member. The group is the recorded one only
-    while its leader is (start time checked); after that the group id cannot be reused while any
-    member lives, so a remaining member is ours. The leader is reaped first if this process
-    started it (a zombie still counts as a member)."""
-    pid = int(unit["pid"])
+def reap(unit: dict) -> None:
+    """Reap the unit's leader if this process started it and it exited (a zombie is no member)."""
     try:
-        os.waitpid(pid, os.WNOHANG)
+        os.waitpid(int(unit["pid"]), os.WNOHANG)
     except ChildProcessError:
         pass
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+
+
+def signal_unit(unit: dict, sig) -> None:
+    """`sig` to every live process of the unit's session, its leader gone or not."""
+    for pid in unit_pids(unit):
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def remaining(units: list) -> list:
+    for u in units:
+        reap(u)
+    return [u for u in units if unit_pids(u)]
 
 
 def stop_groups(units: list, grace: float) -> dict:
-    """TERM each unit's process group, wait up to `grace` s for every member (the server's workers
-    too) to exit, KILL what is left; {unit name: "terminated" | "killed"}."""
+    """TERM every process of each unit's session (the server's workers too, also those that
+    outlived their leader), wait up to `grace` s for all to exit, KILL what is left; {unit name:
+    "terminated" | "killed"}."""
     for u in units:
-        signal_group(int(u["pid"]), signal.SIGTERM)
+        signal_unit(u, signal.SIGTERM)
     deadline = time.time() + grace
-    while any(group_alive(u) for u in units) and time.time() < deadline:
-        time.sleep(0.1)
-    outcome = {}
-    for u in units:
-        outcome[u["name"]] = "terminated"
-        if group_alive(u):
-            signal_group(int(u["pid"]), signal.SIGKILL)
-            outcome[u["name"]] = "killed"
+    while remaining(units) and time.time() < deadline:
+        time.sleep(0.2)
+    outcome = {u["name"]: "terminated" for u in units}
+    for u in remaining(units):
+        signal_unit(u, signal.SIGKILL)
+        outcome[u["name"]] = "killed"
     for _ in range(50):  # KILL cannot be ignored; the kernel needs a moment to take them down
-        if not any(group_alive(u) for u in units):
+        if not remaining(units):
             break
         time.sleep(0.1)
     return outcome

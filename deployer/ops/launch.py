@@ -2,13 +2,17 @@
 
 Layout on the host (launch_dir is a render value, default `<checkout>/../ddeploy-launch`):
     <launch_dir>/<topology>/<unit>.sh, <unit>.env, <unit>.log
-    <launch_dir>/launch.json   the last launch: topology, units (pid, start time, log), state
-Each unit starts detached in its own session, so it leads its own process group. Stop checks the
-recorded start time (/proc/<pid>/stat field 22) before signalling, so a reused pid is never hit,
-then sends TERM to the group, waits, and KILLs what is left. One connection per host per command.
+    ~/.cache/ddeploy/launches/launch.json, launch.lock   the host's last launch (topology, scripts
+        dir, units: pid, start time, log; state) and its lock, whatever launch_dir it used
+Each unit starts detached in its own session. Stop checks the recorded start time (/proc/<pid>/stat
+field 22) before signalling, so a reused pid is never hit, then sends TERM to every process of the
+session (also when its leader is gone), waits, and KILLs what is left. One connection per host per
+command.
 """
 
 from __future__ import annotations
+
+import os
 
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import ExitStack
@@ -108,6 +112,7 @@ def launch_units(
         "sets": list(sets),
         "variant": variant,
         "wait": wait,
+        "options": {"pause": os.environ.get("DDEPLOY_TEST_AGENT_PAUSE", "")},  # a test-only window
     }
     return agent.call("launch", request, LaunchReply, stream=say)
 
@@ -247,7 +252,7 @@ def wait_serving(
 
 def logs(host: Host, sets: tuple[str, ...], lines: int, follow: bool, out: Callable[[str], None]) -> LogsReply:
     """The last launch's logs, line by line to `out`; --follow ends when the server exits."""
-    request = {"base": launch_dir_for(host, sets), "lines": lines, "follow": follow}
+    request = {"target": {"name": host.name}, "base": launch_dir_for(host, sets), "lines": lines, "follow": follow}
     with agent_session(host, command="ddeploy logs") as agent:
         return agent.call("logs", request, LogsReply, stream=out)
 
