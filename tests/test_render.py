@@ -195,28 +195,49 @@ def test_an_attention_backend_that_cannot_apply_the_tree_mask_is_refused():
 # --- DDTree's own refusal rules (read from the newest release, not copied) -------------------
 
 
-def _launch_from_argv(rules, argv: list[str]):
-    """The DDTree settings a rendered script really passes to the server (Kimi: MLA)."""
+def _known(rules, **fields):
+    """A DDTreeLaunch of the fields these rules know (the dispatch fields: ddtree 0.2.18 on)."""
+    names = {f.name for f in dataclasses.fields(rules.DDTreeLaunch)}
+    return rules.DDTreeLaunch(**{k: v for k, v in fields.items() if k in names})
+
+
+def _exported(env_file: str) -> dict[str, str]:
+    lines = [ln[len("export ") :].partition("=") for ln in env_file.splitlines() if ln.startswith("export ")]
+    return {name: (shlex.split(value) or [""])[0] for name, _, value in lines}
+
+
+def _launch_from_argv(rules, argv: list[str], env: dict[str, str]):
+    """The DDTree settings a rendered script really passes to the server (Kimi: MLA), its MoE
+    dispatch cap read from the env file as the server reads its environment."""
     flags = {a: b for a, b in itertools.pairwise(argv) if a.startswith("--")}
     budget = flags.get("--speculative-dflash-tree-budget")
-    return rules.DDTreeLaunch(
+    a2a = flags.get("--moe-a2a-backend", "none")
+    return _known(
+        rules,
         budget=None if budget is None else int(budget),
         topk=int(flags["--speculative-dflash-tree-topk"]) if budget else None,
         block_size=int(flags["--speculative-dflash-block-size"]),
         verify_backend=flags["--attention-backend"],
         is_mla=True,
+        moe_a2a_backend=a2a,
+        deepep_mode=flags.get("--deepep-mode", "auto"),
+        max_running_requests=int(flags["--max-running-requests"]),
+        attn_dp_size=int(flags.get("--attn-dp-size", 1)),
+        tp_size=int(flags["--tp-size"]),
+        dispatch_cap=rules.dispatch_cap_of(a2a, env) if hasattr(rules, "dispatch_cap_of") else None,
     )
 
 
 def test_every_shipped_script_is_one_the_ddtree_server_would_start():
     """Each rendered (host, topology) of the shipped inventory and the multi-node pairs,
-    checked as argv against the released rules: none would be refused at start."""
+    checked as argv + environment against the released rules: none would be refused at start."""
     _, rules = load_rules()
-    scripts = {rel: text for rel, text in golden_files().items() if rel.endswith(".sh")}
+    files = golden_files()
+    scripts = {rel: text for rel, text in files.items() if rel.endswith(".sh")}
     assert len(scripts) >= 10
     with_tree = 0
     for rel, script in scripts.items():
-        launch = _launch_from_argv(rules, _argv(script))
+        launch = _launch_from_argv(rules, _argv(script), _exported(files[rel[:-3] + ".env"]))
         with_tree += launch.budget is not None
         assert rules.ddtree_launch_refusals(launch) == [], rel
     assert with_tree == len(scripts)  # every topology renders DDTree, attention DP (ep8, ep16-2node) too
@@ -248,11 +269,23 @@ def test_attention_dp_topologies_render_ddtree_with_the_hardware_profiles_budget
 
 
 def test_the_newest_release_takes_attention_dp():
-    """ep8 and ep16-2node render DDTree because the released rules no longer know attention DP
-    (ddtree 0.2.12 on). Were an older release the newest, the tool would pass DP scripts its
-    server refuses (render no longer hands the rules attn_dp_size): this fails instead."""
+    """ep8 and ep16-2node render DDTree because the released rules no longer refuse attention DP
+    (ddtree 0.2.12 on; from 0.2.18 they read attn_dp_size again, for the MoE dispatch budget
+    only). Were an older release the newest, this attention-DP launch would be refused."""
     _, rules = load_rules()
-    assert "attn_dp_size" not in {f.name for f in dataclasses.fields(rules.DDTreeLaunch)}
+    launch = _known(
+        rules,
+        budget=128,
+        topk=8,
+        block_size=16,
+        verify_backend="triton",
+        is_mla=True,
+        moe_a2a_backend="none",
+        max_running_requests=48,
+        attn_dp_size=8,
+        tp_size=8,
+    )
+    assert rules.ddtree_launch_refusals(launch) == []
 
 
 def test_the_rules_come_from_the_newest_release():

@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import RenderError
 from ..inventory import Host, Inventory
 from . import validate
+from .ddtree_rules import dispatch_env
 from .jinja import ENV_TEMPLATE, SCRIPT_TEMPLATE, environment, render_template
 from .profiles import HardwareProfile, Profiles, Topology, load_profiles
 from .tree_memory import TreeMemory, gib, tree_memory
@@ -98,6 +99,8 @@ def _resolve_hosts(
     for host in hosts:
         hw = profiles.hardware_for(host)
         values = resolve(profiles, host, topo, hw, pairs, probed.get(host.name))
+        if not topo.cpu_engine:
+            values.update(dispatch_env(plain(values)))
         per_host.append((host, hw, values))
     return topo, per_host
 

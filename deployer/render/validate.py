@@ -6,7 +6,7 @@ from typing import Any
 
 from ..errors import RenderError
 from ..inventory import Host
-from .ddtree_rules import check_ddtree
+from .ddtree_rules import check_ddtree, check_dispatch
 from .profiles import HardwareProfile, Topology
 from .tree_memory import gib, tree_memory
 
@@ -178,7 +178,9 @@ def check_host(host: Host, topology: Topology, hw: HardwareProfile, v: dict[str,
     check_backends(host, topology, hw, v)
     check_speculative(v)
     check_model_attention(v)
-    # What the DDTree server itself refuses: the overlay's rules, after the tool's own checks.
+    # What the DDTree server itself refuses: the overlay's rules, after the tool's own checks
+    # (the verify's MoE dispatch first, in --set words).
+    check_dispatch(host.name, topology.name, v)
     check_ddtree(host.name, topology.name, v)
     check_memory(host, topology, v)
     check_tree_memory(host, topology, v)

@@ -25,9 +25,103 @@ def _cfg(**over):
         speculative_use_block_verification=False,
         speculative_num_draft_tokens=4,
         pp_size=1,
+        moe_a2a_backend="none",
+        deepep_mode="auto",
+        max_running_requests=None,
+        attn_dp_size=1,
+        tp_size=1,
     )
     base.update(over)
     return SimpleNamespace(**base)
+
+
+DEEPEP_CAP = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+
+
+def _ep8(**over):
+    """Kimi's ep8 at the B300 budget: W = 129, 48 requests over 8 DP ranks."""
+    fields = dict(
+        speculative_dflash_tree_budget=128,
+        speculative_num_draft_tokens=16,
+        moe_a2a_backend="deepep",
+        max_running_requests=48,
+        attn_dp_size=8,
+        tp_size=8,
+    )
+    fields.update(over)
+    return _cfg(**fields)
+
+
+def test_ep8_at_the_default_dispatch_cap_is_refused_naming_the_numbers(monkeypatch):
+    monkeypatch.delenv(DEEPEP_CAP, raising=False)
+    with pytest.raises(ValueError) as exc:
+        resolve_ddtree_server_args(_ep8())
+    assert str(exc.value) == (
+        "DeepEP low-latency dispatch needs 48/8 x 129 = 774 tokens per rank in a "
+        f"DDTree verify, over {DEEPEP_CAP}'s default 128; set {DEEPEP_CAP}=774."
+    )
+
+
+def test_ep8_starts_once_the_dispatch_cap_covers_the_verify(monkeypatch):
+    monkeypatch.setenv(DEEPEP_CAP, "774")
+    fields = resolve_ddtree_server_args(_ep8())
+    assert fields["speculative_num_draft_tokens"] == 129
+    monkeypatch.setenv(DEEPEP_CAP, "773")
+    with pytest.raises(ValueError, match=f"over {DEEPEP_CAP}'s 773; set"):
+        resolve_ddtree_server_args(_ep8())
+
+
+def test_a_verify_over_deepeps_1024_tokens_names_what_fits(monkeypatch):
+    monkeypatch.setenv(DEEPEP_CAP, "1024")
+    with pytest.raises(ValueError) as exc:
+        resolve_ddtree_server_args(_ep8(max_running_requests=96))
+    message = str(exc.value)
+    assert message.startswith(
+        "DeepEP low-latency dispatch needs 96/8 x 129 = 1548 tokens per rank"
+    )
+    assert message.endswith(
+        "use --max-running-requests 56 or --speculative-dflash-tree-budget 84."
+    )
+    assert "\n" not in message
+    # What it names fits: 56/8 x 129 = 903 and 96/8 x 85 = 1020.
+    resolve_ddtree_server_args(_ep8(max_running_requests=56))
+    resolve_ddtree_server_args(
+        _ep8(max_running_requests=96, speculative_dflash_tree_budget=84)
+    )
+
+
+@pytest.mark.parametrize(
+    "env,over,message",
+    [
+        ("2048", {}, f"{DEEPEP_CAP}=2048 exceeds DeepEP's limit of 1024"),
+        # Unset: DFLASH's own default of 48 running requests.
+        (None, {"max_running_requests": None}, "needs 48/8 x 129 = 774 tokens"),
+        ("abc", {}, f"{DEEPEP_CAP} must be an integer, got 'abc'"),
+    ],
+)
+def test_dispatch_settings_deepep_would_assert_on_are_refused(
+    monkeypatch, env, over, message
+):
+    monkeypatch.delenv(DEEPEP_CAP, raising=False)
+    if env is not None:
+        monkeypatch.setenv(DEEPEP_CAP, env)
+    with pytest.raises(ValueError, match=message):
+        resolve_ddtree_server_args(_ep8(**over))
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"moe_a2a_backend": "none", "attn_dp_size": 1},  # tp8: no all-to-all
+        {"deepep_mode": "normal"},  # no low-latency dispatch
+        {"speculative_dflash_tree_budget": None},  # linear DFlash
+    ],
+)
+def test_launches_without_a_low_latency_verify_dispatch_need_no_cap(
+    monkeypatch, over
+):
+    monkeypatch.delenv(DEEPEP_CAP, raising=False)
+    resolve_ddtree_server_args(_ep8(**over))
 
 
 @pytest.mark.parametrize(

@@ -100,3 +100,97 @@ def test_class_rule_matches_the_flag_rule():
     assert verify_backend_class_refusal("TritonAttnBackend", True) is None
     assert verify_backend_class_refusal("FlashInferAttnBackend", True)
     assert verify_backend_class_refusal("FlashInferAttnBackend", False) is None
+
+
+def _ep(**fields):
+    base = dict(budget=128, block_size=16, moe_a2a_backend="deepep",
+                deepep_mode="auto", max_running_requests=48, attn_dp_size=8,
+                tp_size=8)
+    base.update(fields)
+    return DDTreeLaunch(**base)
+
+
+@pytest.mark.parametrize(
+    "fields,arithmetic,env_var",
+    [
+        ({}, "48/8 x 129 = 774", "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"),
+        (  # ep16-2node: 16 DP ranks of one GPU each
+            {"attn_dp_size": 16, "tp_size": 16},
+            "48/16 x 129 = 387",
+            "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+        ),
+        (  # attention TP 2: a graph batch is padded to a multiple of 2
+            {"tp_size": 16, "max_running_requests": 40},
+            "40/8 (= 6 per rank) x 129 = 774",
+            "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+        ),
+        (  # fewer requests than DP ranks: each rank still runs one
+            {"max_running_requests": 4},
+            "4/8 (= 1 per rank) x 129 = 129",
+            "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+        ),
+        (
+            {"moe_a2a_backend": "mooncake"},
+            "48/8 x 129 = 774",
+            "SGLANG_MOONCAKE_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+        ),
+        (
+            {"moe_a2a_backend": "nixl", "deepep_mode": "low_latency"},
+            "48/8 x 129 = 774",
+            "SGLANG_NIXL_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+        ),
+    ],
+)
+def test_the_verify_dispatch_is_requests_per_dp_rank_times_w(
+    fields, arithmetic, env_var
+):
+    budget = ddtree_rules.dispatch_budget(_ep(**fields))
+    assert (budget.arithmetic(), budget.env_var, budget.cap) == (
+        arithmetic, env_var, 128)
+    reasons = ddtree_launch_refusals(_ep(**fields))
+    if budget.tokens > 128:
+        assert reasons[0].endswith(f"; set {env_var}={budget.tokens}."), reasons
+    else:
+        assert reasons == []
+    assert ddtree_launch_refusals(_ep(dispatch_cap=budget.tokens, **fields)) == []
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"moe_a2a_backend": None},
+        {"moe_a2a_backend": "none"},
+        {"moe_a2a_backend": "deepep_v2"},  # SGLang checks its budget itself
+        {"moe_a2a_backend": "pplx"},
+        {"moe_a2a_backend": "mori"},
+        {"deepep_mode": "normal"},
+        {"budget": None},
+    ],
+)
+def test_no_capped_low_latency_dispatch_means_no_budget(fields):
+    assert ddtree_rules.dispatch_budget(_ep(**fields)) is None
+    assert ddtree_launch_refusals(_ep(**fields)) == []
+
+
+def test_what_fits_under_1024_is_named_and_fits():
+    big = ddtree_rules.dispatch_budget(_ep(max_running_requests=96))
+    assert (big.tokens, big.max_requests_that_fit(), big.max_budget_that_fits()) == (
+        1548, 56, 84)
+    for fits in (_ep(max_running_requests=56), _ep(max_running_requests=96,
+                                                  budget=84)):
+        assert ddtree_rules.dispatch_budget(fits).tokens <= 1024
+        assert ddtree_launch_refusals(replace(fits, dispatch_cap=1024)) == []
+    (reason,) = ddtree_launch_refusals(_ep(max_running_requests=96,
+                                           dispatch_cap=1024))
+    assert "needs 96/8 x 129 = 1548 tokens per rank" in reason
+    assert "over its limit of 1024" in reason and "\n" not in reason
+
+
+def test_the_dispatch_cap_is_read_from_the_backends_variable():
+    env = {"SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK": "774",
+           "SGLANG_MOONCAKE_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK": "900"}
+    assert ddtree_rules.dispatch_cap_of("deepep", env) == 774
+    assert ddtree_rules.dispatch_cap_of("mooncake", env) == 900
+    assert ddtree_rules.dispatch_cap_of("nixl", env) is None
+    assert ddtree_rules.dispatch_cap_of("none", env) is None
+    assert ddtree_rules.dispatch_cap_of(None, env) is None

@@ -21,6 +21,7 @@ never accepted (see ``ddtree_step``).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
@@ -28,17 +29,14 @@ from sglang.srt.speculative.ddtree_rules import (
     HYBRID_REFUSAL,
     DDTreeLaunch,
     ddtree_launch_refusals,
+    ddtree_verify_width,
+    dispatch_cap_of,
     draft_head_kind,
     draft_head_refusal,
     topk_refusal,
     verify_backend_class_refusal,
 )
 from sglang.srt.speculative.ddtree_utils import resolve_tree_topk
-
-
-def ddtree_verify_width(budget: int, block_size: int) -> int:
-    """Verify slots per request: the tree's budget + 1, at least the draft block."""
-    return max(int(budget) + 1, int(block_size))
 
 
 def resolve_ddtree_server_args(
@@ -48,10 +46,12 @@ def resolve_ddtree_server_args(
 
     ``cfg`` is the resolving server-args view after DFlash resolved its block
     size into ``speculative_num_draft_tokens`` (the hook runs after the
-    attention backends are resolved). The flags are judged first, with nothing
-    read; then, when DDTree is on, ``model_facts()`` supplies what the model
-    configs tell (``DDTreeLaunch`` fields: ``verify_backend``, ``is_mla``,
-    ``vocab_size``, ``hybrid_target``, ``draft_head``) and those rules run.
+    attention backends are resolved). The flags (and the MoE dispatcher's token
+    cap in the environment, so a verify cannot trip its assert at graph
+    capture) are judged first, with no model config read; then, when DDTree is
+    on, ``model_facts()`` supplies what the model configs tell (``DDTreeLaunch``
+    fields: ``verify_backend``, ``is_mla``, ``vocab_size``, ``hybrid_target``,
+    ``draft_head``) and those rules run.
     Each stage reports all its reasons together. Returns the draft block size
     (``speculative_dflash_block_size``) and the verify width
     (``speculative_num_draft_tokens``).
@@ -63,6 +63,12 @@ def resolve_ddtree_server_args(
         block_size=int(cfg.speculative_num_draft_tokens),
         pp_size=int(cfg.pp_size or 1),
         block_verification=bool(cfg.speculative_use_block_verification),
+        moe_a2a_backend=cfg.moe_a2a_backend,
+        deepep_mode=cfg.deepep_mode,
+        max_running_requests=cfg.max_running_requests,
+        attn_dp_size=int(cfg.attn_dp_size or 1),
+        tp_size=int(cfg.tp_size or 1),
+        dispatch_cap=dispatch_cap_of(cfg.moe_a2a_backend, os.environ),
     )
     _raise_refusals(launch)
     if budget is None:

@@ -13,7 +13,7 @@ its messages name SGLang's command-line flags.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Mapping, Optional
 
 # --attention-backend values (and their backend classes) that apply a custom
 # mask in TARGET_VERIFY: each tree row sees the prefix, its ancestors, itself.
@@ -31,6 +31,25 @@ DRAFT_HEADS = {
     "MiniMaxDFlash2DraftModel": "candidate-selector",
     "LiLiCorrDraftModel": "LiLiCorr",
 }
+# --moe-a2a-backend values whose low-latency dispatch holds a fixed number of
+# tokens per rank, read from the environment when the dispatcher is built
+# (SGLang 0.5.23, layers/moe/token_dispatcher/{deepep,mooncake,nixl}.py;
+# defaults in environ.py): backend -> (its name, the variable). Each asserts
+# the value is <= DISPATCH_CAP_MAX (the FINISHED_SUM_TAG of its kernels).
+# Not here: deepep_v2 and pplx (SGLang 0.5.23 checks their budgets itself at
+# argument resolution, from speculative_num_draft_tokens = W), mori (4096,
+# checked against --chunked-prefill-size), flashinfer and megamoe (sized by
+# SGLang from the server arguments).
+LOW_LATENCY_DISPATCH_CAPS = {
+    "deepep": ("DeepEP", "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"),
+    "mooncake": ("Mooncake EP", "SGLANG_MOONCAKE_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"),
+    "nixl": ("NIXL EP", "SGLANG_NIXL_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"),
+}
+DISPATCH_CAP_DEFAULT = 128
+DISPATCH_CAP_MAX = 1024
+# --max-running-requests when unset: DFLASH's _handle_dflash sets 48 right
+# after DDTree's check runs (arg_groups/speculative_hook.py).
+DFLASH_MAX_RUNNING_REQUESTS = 48
 
 
 @dataclass(frozen=True)
@@ -48,6 +67,13 @@ class DDTreeLaunch:
     hybrid_target:     whether the target is hybrid/Mamba (a recurrent state)
     draft_head:        "dflash" for a plain DFlash draft, else its head's name
                        (``draft_head_kind``)
+    moe_a2a_backend:   --moe-a2a-backend
+    deepep_mode:       --deepep-mode
+    max_running_requests: --max-running-requests (None: unset, DFLASH's 48)
+    attn_dp_size:      --attn-dp-size
+    tp_size:           --tp-size
+    dispatch_cap:      the backend's dispatch cap variable (``dispatch_cap_of``;
+                       None: unset, DISPATCH_CAP_DEFAULT)
     """
 
     budget: Optional[int]
@@ -60,6 +86,12 @@ class DDTreeLaunch:
     vocab_size: Optional[int] = None
     hybrid_target: Optional[bool] = None
     draft_head: Optional[str] = None
+    moe_a2a_backend: Optional[str] = None
+    deepep_mode: Optional[str] = None
+    max_running_requests: Optional[int] = None
+    attn_dp_size: int = 1
+    tp_size: int = 1
+    dispatch_cap: Optional[int] = None
 
 
 def ddtree_launch_refusals(launch: DDTreeLaunch) -> List[str]:
@@ -96,7 +128,129 @@ def ddtree_launch_refusals(launch: DDTreeLaunch) -> List[str]:
     if launch.draft_head not in (None, "dflash"):
         reasons.append(draft_head_refusal(launch.draft_head))
     backend = verify_backend_refusal(launch.verify_backend, launch.is_mla)
-    return reasons + ([backend] if backend else [])
+    reasons += [backend] if backend else []
+    dispatch = dispatch_refusal(launch)
+    return reasons + ([dispatch] if dispatch else [])
+
+
+def ddtree_verify_width(budget: int, block_size: int) -> int:
+    """Verify slots per request: the tree's budget + 1, at least the draft block."""
+    return max(int(budget) + 1, int(block_size))
+
+
+@dataclass(frozen=True)
+class DispatchBudget:
+    """Tokens one EP rank sends through low-latency dispatch in a DDTree verify.
+
+    A verify batch has no extend in it, so ``--deepep-mode auto`` dispatches it
+    low-latency, in a captured CUDA graph and eagerly past the largest graph
+    alike: a graph max batch does not bound it, the running requests do. Each
+    DP rank sends the W rows of each of its requests: SGLang splits
+    --max-running-requests over the DP ranks (max(1, R // attn_dp_size) per
+    worker, ``resolve_max_num_reqs``) and pads a graph batch to a multiple of
+    the attention-TP size; SGLang's ``mega_moe_decode_tokens_per_rank`` counts
+    the same way.
+
+    name / env_var: the dispatcher and the variable holding its cap.
+    cap:            the cap in force (DISPATCH_CAP_DEFAULT when unset).
+    verify_width:   W = max(budget + 1, block size).
+    """
+
+    name: str
+    env_var: str
+    cap: int
+    max_running_requests: int
+    attn_dp_size: int
+    attn_tp_size: int
+    verify_width: int
+
+    @property
+    def requests_per_rank(self) -> int:
+        share = max(1, self.max_running_requests // self.attn_dp_size)
+        return -(-share // self.attn_tp_size) * self.attn_tp_size
+
+    @property
+    def tokens(self) -> int:
+        return self.requests_per_rank * self.verify_width
+
+    def arithmetic(self) -> str:
+        """E.g. "48/8 x 129 = 774": requests per DP rank x W."""
+        share = f"{self.max_running_requests}/{self.attn_dp_size}"
+        if self.requests_per_rank != self.max_running_requests // self.attn_dp_size:
+            share += f" (= {self.requests_per_rank} per rank)"
+        return f"{share} x {self.verify_width} = {self.tokens}"
+
+    def max_requests_that_fit(self) -> int:
+        """The largest --max-running-requests whose verify fits DISPATCH_CAP_MAX."""
+        per_rank = DISPATCH_CAP_MAX // self.verify_width
+        return (per_rank - per_rank % self.attn_tp_size) * self.attn_dp_size
+
+    def max_budget_that_fits(self) -> int:
+        """The largest tree budget whose verify fits DISPATCH_CAP_MAX (W = B + 1)."""
+        return DISPATCH_CAP_MAX // self.requests_per_rank - 1
+
+
+def dispatch_cap_of(
+    backend: Optional[str], environ: Mapping[str, str]
+) -> Optional[int]:
+    """The backend's dispatch cap as set in ``environ`` (None: unset or no cap)."""
+    caps = LOW_LATENCY_DISPATCH_CAPS.get(backend or "none")
+    raw = environ.get(caps[1], "") if caps else ""
+    if not raw.strip():
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{caps[1]} must be an integer, got {raw!r}") from None
+
+
+def dispatch_budget(launch: DDTreeLaunch) -> Optional[DispatchBudget]:
+    """The verify's low-latency dispatch per rank (None: DDTree off, no capped
+    dispatcher, or low-latency off)."""
+    caps = LOW_LATENCY_DISPATCH_CAPS.get(launch.moe_a2a_backend or "none")
+    if launch.budget is None or caps is None or launch.deepep_mode == "normal":
+        return None
+    requests = launch.max_running_requests
+    dp = max(1, int(launch.attn_dp_size))
+    cap = launch.dispatch_cap
+    return DispatchBudget(
+        name=caps[0],
+        env_var=caps[1],
+        cap=DISPATCH_CAP_DEFAULT if cap is None else cap,
+        max_running_requests=int(requests or DFLASH_MAX_RUNNING_REQUESTS),
+        attn_dp_size=dp,
+        attn_tp_size=max(1, int(launch.tp_size) // dp),
+        verify_width=ddtree_verify_width(launch.budget, launch.block_size or 0),
+    )
+
+
+def dispatch_refusal(launch: DDTreeLaunch) -> Optional[str]:
+    """Why the verify's low-latency dispatch would trip the dispatcher's cap."""
+    caps = LOW_LATENCY_DISPATCH_CAPS.get(launch.moe_a2a_backend or "none")
+    if launch.budget is None or caps is None:
+        return None
+    if launch.dispatch_cap is not None and launch.dispatch_cap > DISPATCH_CAP_MAX:
+        return (
+            f"{caps[1]}={launch.dispatch_cap} exceeds {caps[0]}'s limit of "
+            f"{DISPATCH_CAP_MAX} tokens per rank (its dispatcher asserts it)."
+        )
+    if launch.deepep_mode == "normal":
+        return None
+    budget = dispatch_budget(launch)
+    if budget.tokens > DISPATCH_CAP_MAX:
+        return (
+            f"{budget.name} low-latency dispatch needs {budget.arithmetic()} "
+            f"tokens per rank in a DDTree verify, over its limit of "
+            f"{DISPATCH_CAP_MAX} ({budget.env_var}); use {_what_fits(budget)}."
+        )
+    if budget.tokens > budget.cap:
+        shown = "default " if launch.dispatch_cap is None else ""
+        return (
+            f"{budget.name} low-latency dispatch needs {budget.arithmetic()} "
+            f"tokens per rank in a DDTree verify, over {budget.env_var}'s "
+            f"{shown}{budget.cap}; set {budget.env_var}={budget.tokens}."
+        )
+    return None
 
 
 HYBRID_REFUSAL = (
@@ -156,6 +310,16 @@ def _mask_refusal(
         f"DDTree needs a TARGET_VERIFY attention backend that applies the tree "
         f"mask; {shown} does not for {model} (use: {', '.join(allowed)})."
     )
+
+
+def _what_fits(budget: DispatchBudget) -> str:
+    """The flag values that bring the verify's dispatch under DISPATCH_CAP_MAX."""
+    fits = []
+    if budget.max_requests_that_fit() > 0:
+        fits.append(f"--max-running-requests {budget.max_requests_that_fit()}")
+    if budget.max_budget_that_fits() > 0:
+        fits.append(f"--speculative-dflash-tree-budget {budget.max_budget_that_fits()}")
+    return " or ".join(fits) or "fewer requests per DP rank and a smaller tree"
 
 
 def _positive(flag: str, value: int) -> List[str]:
