@@ -272,6 +272,7 @@ def test_a_second_launch_with_another_launch_dir_is_refused_and_stop_finds_the_f
     finally:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
+        ddeploy("stop", "--host", "h1", "--grace", "1")  # a second launch, were it started
 
 
 def test_a_record_an_older_agent_kept_in_the_launch_dir_is_adopted_by_stop(ddeploy, hosts):
@@ -323,6 +324,7 @@ def test_workers_that_outlive_a_killed_leader_block_a_new_launch_and_stop_kills_
         for pid in (leader, worker):
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        ddeploy("stop", "--host", "h2", "--grace", "1")  # a second launch, were it started
 
 
 def test_a_launch_whose_record_cannot_be_written_stops_what_it_started(hosts, tmp_path):

@@ -165,3 +165,21 @@ def test_a_failed_restore_keeps_the_first_cause_and_says_what_the_host_serves(dd
     assert "the host now serves nothing (`ddeploy launch --host h1 --topology tp8 --wait`" in err, err
     assert not any(alive(pid) for pid in _stand_in_pids(stand_in))
     assert _record(_launch_dir(hosts, "h1"))["state"] == "failed"
+
+
+def test_the_bench_deadline_bounds_the_greedy_probes_and_the_launch_serves_again(ddeploy, hosts, stand_in):
+    """The linear baseline's /generate stalls (60 s per probe): past --timeout the probes end, the
+    baseline is stopped, the DDTree launch serves again, recorded, and bench fails in one line."""
+    port = free_port()
+    args = _with(_launch_args("h1", stand_in, "", port), **{"env.STANDIN_SLOW_GENERATE": "linear"})
+    assert ddeploy(*args).code == 0
+    started = time.monotonic()
+    r = ddeploy("bench", "--host", "h1", "-n", "1", "-c", "1", "--input-len", "4", "--output-len", "4",
+                "--compare", "linear", "--yes", "--timeout", "12")  # fmt: skip
+    assert time.monotonic() - started < 40, "the deadline did not bound the probes"
+    err = r.stderr.strip().splitlines()[-1]
+    assert r.code == 6 and "[h1] the benchmark ran past its deadline (12 s, --timeout) during the greedy probes" in err
+    record = _record(_launch_dir(hosts, "h1"))
+    assert record["state"] == "running" and record.get("variant") is None, record
+    assert [pid for pid in _stand_in_pids(stand_in) if alive(pid)] == [record["units"][0]["pid"]]
+    assert ddeploy("stop", "--host", "h1").code == 0

@@ -13,8 +13,10 @@ it ends.
                 first cause and what the host serves now.
     bench-save  the result as the `bench` section of the host's state record (status shows it).
 
-The operation holds the launch lock throughout; each client run has a time limit (`timeout`) and
-ends with the operation's client (its process group is killed).
+The operation holds the launch lock throughout; each client run has a time limit (`timeout`),
+and the whole measurement a deadline (`deadline` s from the operation's start: client runs, greedy
+probes, the baseline's start; the restore is not bounded by it). Runs end with the operation's
+client (their process group is killed).
 """
 
 import json
@@ -80,8 +82,22 @@ def supervise(proc, limit: float) -> str:
     return "done"
 
 
+def remaining(req: dict) -> float:
+    """Seconds left before the benchmark's deadline."""
+    return req["deadline_at"] - time.time()
+
+
+def past_deadline(req: dict, during: str) -> Fail:
+    return Fail(
+        "RemoteCommandError",
+        "the benchmark ran past its deadline (%.0f s, --timeout) during %s and was stopped; raise --timeout or lower "
+        "--requests" % (float(req["deadline"]), during),
+    )
+
+
 def run_client(req: dict, unit: dict, concurrency: int) -> dict:
     limit = float(req.get("timeout") or 3600)
+    budget = remaining(req)
     with tempfile.TemporaryDirectory(prefix="ddeploy-bench-") as tmp:
         out_file = os.path.join(tmp, "result.jsonl")
         log = os.path.join(os.path.dirname(unit["log"]), "bench.log")
@@ -92,7 +108,9 @@ def run_client(req: dict, unit: dict, concurrency: int) -> dict:
                 bench_argv(req, unit, concurrency, out_file),
                 stdin=subprocess.DEVNULL, stdout=fh, stderr=fh, start_new_session=True,
             )  # fmt: skip
-            ended = supervise(proc, limit)
+            ended = supervise(proc, min(limit, budget))
+        if ended == "timeout" and budget < limit:
+            raise past_deadline(req, "%s at concurrency %d (log %s)" % (BENCH_MODULE, concurrency, log))
         if ended == "gone":
             raise Fail("StateError", "the client went away during the benchmark; its run on the host was stopped")
         if ended == "timeout":
@@ -143,6 +161,9 @@ def greedy_probes(req: dict, unit: dict) -> list:
     for prompt in req["probes"]["prompts"]:
         if gone():
             raise Fail("StateError", "the client went away during the greedy probes")
+        left = remaining(req)
+        if left <= 0:
+            raise past_deadline(req, "the greedy probes of %s" % unit["name"])
         body = {
             "input_ids": prompt,
             "sampling_params": {
@@ -152,8 +173,10 @@ def greedy_probes(req: dict, unit: dict) -> list:
             },
         }
         try:
-            reply = http_json(unit["url"] + "/generate", body, timeout=600)
+            reply = http_json(unit["url"] + "/generate", body, timeout=min(600.0, left))
         except (urllib.error.URLError, OSError, ValueError) as exc:
+            if remaining(req) <= 0:
+                raise past_deadline(req, "the greedy probes of %s" % unit["name"]) from None
             alive = alive_units({"units": [unit]})
             why = "died during the greedy probes" if not alive else "failed a greedy probe (%s)" % exc
             raise Fail(
@@ -238,7 +261,7 @@ def measure_baseline(base: str, req: dict, record: dict) -> dict:
     progress("launching the %s baseline of %s" % (compare["variant"], topology))
     keep = {"variant": compare["variant"], "sets": compare.get("sets") or []}
     baseline = start_launch(topology, remote, compare["units"], keep, req)
-    wait_serving(baseline, float(req.get("wait_timeout", 900)), started_here=True)
+    wait_serving(baseline, max(1.0, min(float(req.get("wait_timeout", 900)), remaining(req))), started_here=True)
     progress("measuring the %s baseline (%s)" % (compare["variant"], topology))
     return measure(req, baseline)
 
@@ -278,7 +301,7 @@ def describe_serving(host: str, topology: str) -> str:
 
 def op_bench(repo: Repo, req: dict) -> dict:
     """Measure the serving launch; with `compare`, its baseline too, and serve the launch again."""
-    base = req["base"]
+    req["deadline_at"] = time.time() + float(req.get("deadline") or 1e9)
     hold_launch_lock(req)
     record = serving_launch(req)
     if len(record["units"]) != 1:
@@ -290,7 +313,7 @@ def op_bench(repo: Repo, req: dict) -> dict:
     original = json.loads(json.dumps(record))  # the scripts to start again, as they were
     cause = None
     try:
-        measured.append(measure_baseline(base, req, record))
+        measured.append(measure_baseline(req["base"], req, record))
     except Exception as exc:  # noqa: BLE001 - raised again once the launch serves again
         cause = exc
     restored = restore(req, original, cause)

@@ -117,20 +117,28 @@ def stop(app: AppContext, host, grace, sets) -> None:
     type=click.FloatRange(min=1),
     help="Seconds one run of the benchmark client may take; then it is stopped on the host.",
 )
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    help="Seconds the whole benchmark may take on the host (client runs, greedy probes, the baseline's start); "
+    "past it the run is stopped, the launch serves again as before, and bench fails.  [default: every run at "
+    "--run-timeout + 600 s of probes per config, + --wait-timeout with --compare]",
+)
 @click.option("--yes", "-y", is_flag=True, help="Restart a running server for --compare without asking.")
 @click.option("--json", "as_json", is_flag=True, help="The result as JSON on stdout (docs/json.md).")
 @set_option
 @click.pass_obj
 def bench(app: AppContext, host, topology, compare, requests, concurrency, input_len, output_len, temperature,
-          seed, wait_timeout, run_timeout, yes, as_json, sets) -> None:  # fmt: skip
+          seed, wait_timeout, run_timeout, timeout, yes, as_json, sets) -> None:  # fmt: skip
     """Measure the launched server with SGLang's benchmark client, run on the host: tokens/s, TTFT,
     ITL, accept length per concurrency; --compare adds the baseline and the greedy check."""
     from ..ops import bench as bc
     from ..render import launch_dir_for
 
     params = bc.BenchParams(
-        requests, tuple(concurrency) or (1, 16), input_len, output_len, temperature, seed, wait_timeout, run_timeout
-    )
+        requests, tuple(concurrency) or (1, 16), input_len, output_len, temperature, seed, wait_timeout, run_timeout,
+        timeout,
+    )  # fmt: skip
     target = app.inventory.get(host)
     if compare and not yes and sys.stdin.isatty():
         yes = click.confirm(f"--compare restarts the server running on {host}; go ahead?", err=True)

@@ -32,6 +32,7 @@ Say = Callable[[str], None]
 BASELINES = {"linear": ("tree_budget=0",), "plain": ("speculative_algorithm=",)}
 PROBE_PROMPTS = 8
 PROBE_MAX_TOKENS = 64
+PROBE_BUDGET_S = 600.0  # the greedy probes' share of the default deadline, per measured config
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,17 @@ class BenchParams:
     seed: int = 1
     wait_timeout: float = 900.0
     run_timeout: float = 3600.0
+    timeout: float | None = None  # the whole benchmark; None: deadline() from the other options
+
+    def deadline(self, compare: str | None) -> float:
+        """Seconds the whole benchmark may take on the host (its clients, probes and the baseline's
+        start): every client run at its run timeout plus PROBE_BUDGET_S of probes per measured
+        config, and the baseline's start at the wait timeout."""
+        if self.timeout is not None:
+            return self.timeout
+        configs = 2 if compare else 1
+        per_config = len(self.concurrency) * self.run_timeout + PROBE_BUDGET_S
+        return configs * per_config + (self.wait_timeout if compare else 0.0)
 
     def check(self) -> None:
         sizes = {"requests": self.requests, "input-len": self.input_len, "output-len": self.output_len}
@@ -51,6 +63,8 @@ class BenchParams:
         bad += [f"--concurrency {c}" for c in self.concurrency if c < 1]
         if bad:
             raise UsageError(f"{', '.join(bad)}: must be at least 1")
+        if self.timeout is not None and self.timeout <= 0:
+            raise UsageError(f"--timeout {self.timeout:g}: must be positive")
         if self.temperature < 0:
             raise UsageError(f"--temperature {self.temperature:g}: must be 0 (greedy) or positive")
 
@@ -103,6 +117,7 @@ class Bench:
     ) -> BenchReply:
         """The launch measured on the host, and with `compare` its baseline (the host restores the
         launch afterwards, with or without this client)."""
+        deadline = self.params.deadline(compare and compare["variant"])
         request = {
             "target": {"name": self.host.name},
             "topology": record.topology,
@@ -113,9 +128,13 @@ class Bench:
             "probes": probes,
             "timeout": self.params.run_timeout,
             "wait_timeout": self.params.wait_timeout,
+            "deadline": deadline,
             "compare": compare,
         }
-        return self.agent.call("bench", request, BenchReply, stream=self.say)
+        # The client's own bound: past the host's deadline, and the restore's wait, the call is cut
+        # (the host then stops what runs and restores on its own).
+        limit = deadline + self.params.wait_timeout + 120
+        return self.agent.call("bench", request, BenchReply, stream=self.say, timeout=limit)
 
     @functools.cached_property
     def state(self) -> HostState:

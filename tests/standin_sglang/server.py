@@ -94,6 +94,8 @@ def main() -> None:
             if self.path != "/generate":
                 self.reply(200, b"{}")
                 return
+            if name in os.environ.get("STANDIN_SLOW_GENERATE", "").split():
+                time.sleep(60)  # a server that stalls: bench's deadline must bound its greedy probes
             n = int(body.get("sampling_params", {}).get("max_new_tokens", 1))
             ids = [(sum(body.get("input_ids", [])) + i) % 1000 for i in range(n)]
             if diverges and n > DIVERGE_AT:  # a wrong verify: one token off, as a broken tree's
