@@ -77,7 +77,14 @@ def test_proxyjump_hops_are_connected_in_openssh_order(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "spec, parts", [("h", (None, "h", None)), ("u@h:22", ("u", "h", 22)), ("[::1]:2200", (None, "::1", 2200))]
+    "spec, parts",
+    [
+        ("h", (None, "h", None)),
+        ("u@h:22", ("u", "h", 22)),
+        ("[::1]:2200", (None, "::1", 2200)),
+        ("ssh://u@h:2200", ("u", "h", 2200)),
+        ("ssh://[::1]:22", (None, "::1", 22)),
+    ],
 )
 def test_proxyjump_specs(spec, parts):
     assert split_spec(spec) == parts
@@ -187,7 +194,8 @@ def test_server_alive_settings_come_from_the_file_with_ddeploys_default(tmp_path
     """ServerAliveInterval/CountMax as written (a time; 0: off); none written: 15 s x OpenSSH's 3;
     a value that is not a number is refused before connecting, naming the file."""
     config = tmp_path / "ssh_config"
-    config.write_text("Host fast\n  ServerAliveInterval 1m\n  ServerAliveCountMax 5\nHost off\n  ServerAliveInterval 0\n")
+    config.write_text("Host fast\n  ServerAliveInterval 1m\n  ServerAliveCountMax 5\n")
+    config.write_text(config.read_text() + "Host off\n  ServerAliveInterval 0\n")
     assert chain(make_host("fast", config=str(config))).server_alive == (60, 5)
     assert chain(make_host("off", config=str(config))).server_alive[0] == 0
     assert chain(make_host("plain", config=str(config))).server_alive == (15, 3)

@@ -4,10 +4,10 @@
     conn = connection_chain(config, host, timeouts)    # not connected yet; .gateway = the last jump
     conn.open()                                        # every hop's host key checked strictly
 
-Fabric's Config reads the ssh_config files: the one named for the host (the host's `ssh.config`,
-$DDEPLOY_SSH_CONFIG or an inventory-level `ssh_config`) alone, like `ssh -F`; otherwise the
-user's file and the system file, the user's first (a setting's first value wins, as in OpenSSH).
-$DDEPLOY_USER_SSH_CONFIG and $DDEPLOY_SYSTEM_SSH_CONFIG move those two (tests use them).
+The ssh_config files (read by ssh_config_files.py, `Include` included): the one named for the
+host (the host's `ssh.config`, $DDEPLOY_SSH_CONFIG or an inventory-level `ssh_config`) alone, like
+`ssh -F`; otherwise the user's file and the system file, the user's first (a setting's first
+value wins, as in OpenSSH). $DDEPLOY_USER_SSH_CONFIG and $DDEPLOY_SYSTEM_SSH_CONFIG move those two (tests use them).
 Explicit inventory settings win over the files.
 
 What is done here rather than left to Fabric, and why:
@@ -16,7 +16,8 @@ What is done here rather than left to Fabric, and why:
 - Host keys: Fabric's default policy adds unknown keys silently and loads no known_hosts. Every hop
   here is judged against its known-hosts files as ssh reads them (known_hosts.py: every
   UserKnownHostsFile and GlobalKnownHostsFile, tokens expanded) and unknown keys are refused,
-  unless --accept-new-host-keys records them in the first user file; a changed key is always refused.
+  unless --accept-new-host-keys (or the hop's `StrictHostKeyChecking accept-new`, or `no`/`off`,
+  read as accept-new) records them in the first user file; a changed key is always refused.
 - Keys as OpenSSH offers them, on every hop: the hop's IdentityFile(s) (the inventory's
   `ssh.identity` first for the host itself), the ssh-agent's keys and the default ~/.ssh/id_*
   keys; `IdentitiesOnly yes` leaves out the agent's keys (and the defaults when files are named),
@@ -36,6 +37,7 @@ from fabric import Config, Connection
 from ..errors import ConnectError
 from .keepalive import Keepalive, alive_settings
 from .known_hosts import KnownHosts, transport_preferring
+from .ssh_config_files import load_ssh_config
 
 if TYPE_CHECKING:
     from .endpoint import SSHEndpoint
@@ -63,12 +65,10 @@ def runtime_ssh_config(host: SSHEndpoint) -> Path | None:
 def ssh_config_for(host: SSHEndpoint, timeouts: Timeouts) -> Config:
     """Fabric's Config for this host: its ssh_config files loaded."""
     runtime = runtime_ssh_config(host)
+    system = os.environ.get("DDEPLOY_SYSTEM_SSH_CONFIG", "/etc/ssh/ssh_config")
+    user = os.environ.get("DDEPLOY_USER_SSH_CONFIG", "~/.ssh/config")
     try:
-        return Config(
-            runtime_ssh_path=str(runtime) if runtime else None,
-            system_ssh_path=os.environ.get("DDEPLOY_SYSTEM_SSH_CONFIG", "/etc/ssh/ssh_config"),
-            user_ssh_path=os.environ.get("DDEPLOY_USER_SSH_CONFIG", "~/.ssh/config"),
-        )
+        return Config(ssh_config=load_ssh_config(str(runtime) if runtime else None, user, system))
     except (paramiko.SSHException, ValueError, OSError) as exc:  # ConfigParseError, not UTF-8, ...
         raise config_error(host, exc) from None
 
@@ -95,7 +95,10 @@ def convtime(value: str, option: str = "ConnectTimeout") -> int:
 
 
 def split_spec(spec: str) -> tuple[str | None, str, int | None]:
-    """`user@host:port` (ProxyJump's form; user and port optional) -> (user, host, port)."""
+    """`user@host:port` or `ssh://user@host:port` (ProxyJump's forms; user and port optional) ->
+    (user, host, port)."""
+    if spec.lower().startswith("ssh://"):
+        spec = spec[len("ssh://") :].rstrip("/")
     user, _, rest = spec.rpartition("@")
     host, port = rest, None
     if rest.count(":") == 1:  # a bare IPv6 address has several colons and no port
@@ -211,11 +214,18 @@ def agent_key_for(identity_files: list[str]) -> paramiko.AgentKey | None:
     return next((held[blob] for blob in wanted if blob in held), None)
 
 
+_ACCEPT_NEW = {"yes": False, "ask": False, "accept-new": True, "no": True, "off": True}
+
+
 def _strict_host_keys(conn: Connection, accept_new: bool) -> None:
     """Replace Fabric's auto-adding policy: the hop's known-hosts files, as ssh reads them
-    (known_hosts.py), judge its key; unknown keys are refused (or recorded)."""
+    (known_hosts.py), judge its key; unknown keys are refused, or recorded with accept_new or the
+    hop's `StrictHostKeyChecking accept-new` (`no`/`off` too: a changed key is never accepted)."""
+    strict = str(conn.ssh_config.get("stricthostkeychecking", "yes")).lower()
+    if strict not in _ACCEPT_NEW:
+        raise ValueError(f"StrictHostKeyChecking {strict!r} is not yes, accept-new, no or ask")
     known = KnownHosts.for_hop(conn)
-    conn.client.set_missing_host_key_policy(known.policy(accept_new))
+    conn.client.set_missing_host_key_policy(known.policy(accept_new or _ACCEPT_NEW[strict]))
     conn.connect_kwargs["transport_factory"] = transport_preferring(known.key_types())
 
 
