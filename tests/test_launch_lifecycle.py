@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -183,3 +184,44 @@ def test_the_bench_deadline_bounds_the_greedy_probes_and_the_launch_serves_again
     assert record["state"] == "running" and record.get("variant") is None, record
     assert [pid for pid in _stand_in_pids(stand_in) if alive(pid)] == [record["units"][0]["pid"]]
     assert ddeploy("stop", "--host", "h1").code == 0
+
+
+# A server that only marks its start (no HTTP: a launch without --wait never asks it anything).
+MARKING = (
+    "import os, time; open(os.path.join(%r, 'server-%%d' %% os.getpid()), 'w').write(str(os.getpid())); time.sleep(300)"
+)
+
+
+def test_ctrl_c_while_a_hosts_start_is_in_flight_leaves_no_host_serving_unrecorded(ddeploy, hosts, stand_in):
+    """Ctrl-C during a two-host launch without --wait, while the second host's start is in flight
+    (its unit started, not yet recorded): that host goes back to what it served (nothing, recorded
+    stopped), and whatever still runs anywhere is recorded running and `stop` stops it."""
+    server = shlex.join([sys.executable, "-c", MARKING % str(stand_in)])
+    args = ["launch", "--host", "h1", "--host", "h3", "-t", "tp16-2node", "--set", f"server_command={server}"]
+    env = {**os.environ, "DDEPLOY_TEST_AGENT_PAUSE": "launch_unit_started:4"}
+    argv = [sys.executable, "-c", CLI, "-i", str(hosts.inventory_dir), *args]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert wait_until(lambda: len(_stand_in_pids(stand_in)) == 2, 60), "h3's start never began"
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C, while h3's agent is yet to record its unit
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err.decode()
+    for name in ("h1", "h3"):
+        assert wait_until(lambda n=name: _lock_free(_launch_dir(hosts, n)), 30), f"{name}'s launch never ended"
+    h3 = _record(_launch_dir(hosts, "h3"))
+    (second,) = [u["pid"] for u in h3["units"]]
+    (first,) = [pid for pid in _stand_in_pids(stand_in) if pid != second]  # h1's unit
+    assert h3["state"] == "stopped", h3
+    assert "client went away before the launch was reported" in h3["failure"]
+    assert wait_until(lambda: not alive(second), 5)
+    h1 = _record(_launch_dir(hosts, "h1"))
+    if alive(first):  # the command could not stop it: then it is recorded, and stop finds it
+        assert h1["state"] == "running" and h1["units"][0]["pid"] == first, h1
+        assert ddeploy("stop", "--host", "h1").code == 0
+    else:
+        assert h1["state"] == "stopped", h1
+    assert not any(alive(pid) for pid in _stand_in_pids(stand_in))

@@ -2,13 +2,15 @@
 record, launch_record.py; the launch directory holds only scripts and logs). Starting and
 stopping hold the host's launch lock; a start that fails, or whose record cannot be written, stops
 what it started (every unit, each unit's whole session) before it reports, so nothing runs
-unrecorded or half-launched."""
+unrecorded or half-launched; so does a start whose client went away before hearing of it (Ctrl-C
+during a multi-host launch: the host whose start was in flight goes back to what it served)."""
 
 import os
 import subprocess
 import sys
 import time
 
+from .client import gone
 from .common import Fail, now, progress, test_pause
 from .launch_record import LAUNCH_RECORD, alive_units, hold_launch_lock, live_units, new_launch_id, read_launch
 from .launch_record import record_path, write_launch
@@ -71,6 +73,15 @@ def start_launch(topology: str, remote: str, units: list, keep: dict, req: dict)
     return record
 
 
+def undo_unreported(record: dict) -> None:
+    """The client went away (Ctrl-C, a cut link) before it heard that this launch started: it
+    cannot stop it or tell anyone, so the host goes back to what it served before, recorded."""
+    stop_groups(record["units"], 10.0)
+    record.update(state="stopped", stopped_at=now(), failure="its client went away before the launch was reported")
+    write_launch(record, replaces=record["id"])
+    raise Fail("StateError", "the client went away while %s was starting; it was stopped" % record["topology"])
+
+
 def op_launch(repo: Repo, req: dict) -> dict:
     """Write the host's units (or, with `restart`, start a recorded launch's scripts again), start
     each detached, record pids; refuse while a recorded launch runs. `wait`: seconds to wait for
@@ -92,6 +103,8 @@ def op_launch(repo: Repo, req: dict) -> dict:
             write_files(remote, unit_files(unit))
         keep = {"variant": req.get("variant"), "sets": req.get("sets") or []}
     record = start_launch(topology, remote, units, keep, req)
+    if not req.get("wait") and gone():
+        undo_unreported(record)
     out = {"ok": True, "record": record}
     if req.get("wait"):
         out["serving"] = wait_serving(record, float(req["wait"]), started_here=True)
