@@ -32,8 +32,12 @@ SMALL = ("--requests", "8", "--concurrency", "4", "--input-len", "16", "--output
 LLAMA_TP1 = ("--set", "cpu_model_arch=llama", "--set", "tp_size=1")
 
 
+# launch dir -> where the agent keeps that host's launch record (its cache's launches/)
+_RECORDS: dict[Path, Path] = {}
+
+
 def _record(launch_dir: Path) -> dict:
-    return json.loads((launch_dir / "launch.json").read_text())
+    return json.loads((_RECORDS[launch_dir] / "launch.json").read_text())
 
 
 def _pid(launch_dir: Path) -> int:
@@ -48,8 +52,9 @@ def _text(path: Path) -> str:
 def local_launch_dir(cli, _isolated_cache):
     """The local host's launch dir; whatever a test left running there is stopped after it."""
     launch_dir = _isolated_cache / "local" / "ddeploy-launch"
+    _RECORDS[launch_dir] = _isolated_cache / "launches"
     yield launch_dir
-    if (launch_dir / "launch.json").exists():
+    if (_RECORDS[launch_dir] / "launch.json").exists():
         cli("stop", "--host", "local", "--grace", "5")
 
 
@@ -136,11 +141,12 @@ def cpu_host(hosts, cli, tmp_path):
     h1 = hosts.host("h1")
     launch_dir = h1.checkout.parent / "ddeploy-launch"
     shutil.rmtree(launch_dir, ignore_errors=True)
+    _RECORDS[launch_dir] = h1.cache_dir / "launches"
     r = cli("push", "--host", "h1", inventory=inventory)
     assert r.code == 0, r.stderr
     run = lambda *args, inv=inventory: cli(*args, inventory=inv)  # noqa: E731
     yield run, launch_dir, inventory
-    if (launch_dir / "launch.json").exists():
+    if (_RECORDS[launch_dir] / "launch.json").exists():
         cli("stop", "--host", "h1", "--grace", "5", inventory=inventory)
 
 

@@ -36,10 +36,12 @@ This program alone reads and writes the host's records (the client only sees its
     .git/ddeploy/journal.json  a transaction switched halfway; the next run rolls it forward
     .git/ddeploy/sets/      shipped patch sets; test-reports/, pycache/ (kept out of the work tree;
                             a push or rollback drops the bytecode of the files it switches)
-    <launch_dir>/launch.json   the last launch (id, topology, units with pid, start time, log,
-                            state), replaced by compare-and-swap on its id
-    <launch_dir>/launch.lock   the launch lock: flock held by launch, stop, wait and bench for
-                            their whole work (launch.lock.json: its holder, for messages)
+    ~/.cache/ddeploy/launches/launch.json   the host's last launch (id, topology, scripts dir,
+                            units with pid, start time, log, state), replaced by compare-and-swap
+                            on its id, whatever launch_dir it used ($DDEPLOY_CACHE_DIR/launches)
+    ~/.cache/ddeploy/launches/launch.lock   the launch lock: flock held by launch, stop, wait and
+                            bench for their whole work (launch.lock.json: its holder, for messages)
+    <launch_dir>/<topology>/   a launch's scripts, env files and logs
 state.json (schema 1; absent keys mean "never happened"): applied {name, version, fingerprint,
 patches [{name, sha256, commit}], files, head, tree, three_way, dev, by, at} (dev: a dev snapshot
 of the overlay, not a release), pre_deploy {commit, tree, branch}, last {action, version, dev,
