@@ -1,6 +1,7 @@
 """ssh_config options that paramiko 5 leaves to its user, checked against OpenSSH itself: `Include`
 (deployer/transport/ssh_config_files.py) against `ssh -G`, and `StrictHostKeyChecking` against
-`ssh` on a real sshd test host (ssh.py)."""
+`ssh` on a real sshd test host (ssh.py), and `IdentitiesOnly` with a passphrase-protected key
+held by a real ssh-agent (agent_keys.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import subprocess
 import pytest
 
 from deployer.errors import ConnectError
+from processes import free_port, wait_until
+from sshd_hosts import SshdHost
 from test_ssh_config import chain, make_host
 from test_ssh_parity import HOME, _config, ddeploy_connects, ssh_connects
 
@@ -84,3 +87,47 @@ def test_strict_host_key_checking_accept_new_and_no_record_unknown_keys_and_refu
     assert "has CHANGED" in ddeploy_connects(config)  # StrictHostKeyChecking no, a changed key
     config.write_text(config.read_text().replace("StrictHostKeyChecking no", "StrictHostKeyChecking maybe"))
     assert "StrictHostKeyChecking 'maybe' is not" in ddeploy_connects(config)
+
+
+@pytest.fixture
+def locked_key_host(hosts, tmp_path, monkeypatch):
+    """A passphrase-protected key, loaded in a real ssh-agent of this test (SSH_AUTH_SOCK set), and
+    a host of its own whose authorized_keys holds only that key."""
+    key = tmp_path / "locked"
+    keygen = ["ssh-keygen", "-q", "-t", "ed25519", "-N", "secret phrase", "-C", "locked", "-f", str(key)]
+    subprocess.run(keygen, check=True, capture_output=True)
+    askpass = tmp_path / "askpass"
+    askpass.write_text("#!/bin/sh\necho 'secret phrase'\n")
+    askpass.chmod(0o700)
+    (tmp_path / "host").mkdir()
+    (tmp_path / "authorized_keys").write_text(key.with_name("locked.pub").read_text())
+    h = SshdHost("locked", "127.0.0.25", free_port("127.0.0.25"), tmp_path / "host", tmp_path / "authorized_keys")
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        assert wait_until(sock.exists)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        env = {**os.environ, "SSH_ASKPASS": str(askpass), "SSH_ASKPASS_REQUIRE": "force", "DISPLAY": ":0"}
+        subprocess.run(["ssh-add", "-q", str(key)], env=env, stdin=subprocess.DEVNULL, check=True, capture_output=True)
+        h.start()
+        (tmp_path / "known_hosts").write_text(h.known_hosts_line())
+        yield h, key, _config(tmp_path / "config", h, key, f"  UserKnownHostsFile {tmp_path / 'known_hosts'}\n")
+    finally:
+        h.stop()
+        agent.terminate()
+        agent.wait()
+
+
+@pytest.mark.sshd
+def test_identities_only_offers_a_passphrase_protected_key_through_the_agent_that_holds_it(locked_key_host):
+    """The named IdentityFile is the encrypted private key; the agent's copy is offered (matched by
+    its .pub, then, with no .pub, by the private file's own public key), never a prompt."""
+    h, key, config = locked_key_host
+    assert ssh_connects(config)
+    assert ddeploy_connects(config) == "ok"
+    key.with_name("locked.pub").unlink()
+    assert ssh_connects(config)
+    assert ddeploy_connects(config) == "ok"
+    subprocess.run(["ssh-add", "-D"], check=True, capture_output=True)  # the agent forgets it
+    assert not ssh_connects(config)
+    assert "authentication refused" in ddeploy_connects(config)

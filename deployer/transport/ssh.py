@@ -21,7 +21,8 @@ What is done here rather than left to Fabric, and why:
 - Keys as OpenSSH offers them, on every hop: the hop's IdentityFile(s) (the inventory's
   `ssh.identity` first for the host itself), the ssh-agent's keys and the default ~/.ssh/id_*
   keys; `IdentitiesOnly yes` leaves out the agent's keys (and the defaults when files are named),
-  except the agent's copy of a named key that exists only as `.pub` (agent_key_for).
+  except the agent's copy of a named key (agent_keys.py: matched by its .pub or the private file's
+  public key, so a passphrase-protected key loaded in the agent is used without a prompt).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import paramiko
 from fabric import Config, Connection
 
 from ..errors import ConnectError
+from .agent_keys import agent_key_for
 from .keepalive import Keepalive, alive_settings
 from .known_hosts import KnownHosts, transport_preferring
 from .ssh_config_files import load_ssh_config
@@ -196,22 +198,6 @@ class _Builder:
             "auth_timeout": self.timeouts.auth,
             **({"pkey": held} if held else {}),
         }
-
-
-def agent_key_for(identity_files: list[str]) -> paramiko.AgentKey | None:
-    """`IdentitiesOnly yes` keeps the agent's copy of a named key, as ssh does: the first named
-    IdentityFile that exists only as `.pub` (how an agent-held key is configured) whose key the
-    ssh-agent holds; paramiko offers it first (pkey), and no other agent key."""
-    wanted = []
-    for name in identity_files:
-        path = Path(name).expanduser()
-        public = path.with_name(path.name + ".pub")
-        if not path.exists() and public.is_file():
-            wanted += public.read_text().split()[1:2]
-    if not wanted:
-        return None
-    held = {key.get_base64(): key for key in paramiko.Agent().get_keys()}
-    return next((held[blob] for blob in wanted if blob in held), None)
 
 
 _ACCEPT_NEW = {"yes": False, "ask": False, "accept-new": True, "no": True, "off": True}
