@@ -1,11 +1,16 @@
 """Benchmark: ddeploy push against Ansible and pyinfra 3, same hosts, same run, alternating.
 
-    .venv/bin/python bench/bench_push.py [--sizes 1,8] [--reps 3] [--tools-venv DIR] [--version DIR|V]
-                                         [--checkout]
+    .venv/bin/python bench/bench_push.py [--sizes 1,8,32] [--reps 3] [--rtt-ms 30] [--tools-venv DIR]
+                                         [--version DIR|V] [--checkout]
 
 Starts its own OpenSSH hosts (tests/sshd_hosts.py) on loopback, each with a clone of the pristine
-SGLang base, and times, per fleet size, the first push of a patch set and a second (no-op) push
-right after it, each tool with its default connection reuse:
+SGLang base, and puts a link with a real round trip in front of them: a delaying TCP proxy per
+host (bench/delay_proxy.py, bench/delayed_hosts.py; --rtt-ms, default 30; 0: straight to the
+loopback sshd, where a round trip costs nothing). Every tool connects through it; a TCP
+ping-pong through the proxy before the run (which stops unless it takes at least 95% of the
+round trip asked for) and after it is printed with the table, and the proxy's CPU time.
+Times, per fleet size, the first push of a patch set and a second (no-op) push right after it,
+each tool with its default connection reuse:
   * ddeploy: `ddeploy push` (the real CLI as a subprocess, --parallel 8); the first push connects
     (a connection master), the no-op push runs over the connection it kept (control.py);
   * Ansible (ansible-core): copy the set, `git apply -R --check` (applied already?), else
@@ -17,8 +22,8 @@ Ansible and pyinfra come from --tools-venv (default /tmp/bench-venv: `python -m 
 /tmp/bench-venv && /tmp/bench-venv/bin/pip install ansible-core 'pyinfra>=3,<4'`), never from
 the project venv; a tool that is not installed is skipped. The tools run alternately, each
 repetition on freshly reset checkouts; medians of --reps. Also prints one `ssh host true` round
-trip (timed in every round, beside the tools; and once more over an OpenSSH ControlMaster, for
-scale) and `ddeploy --version` / `--help` start-up times.
+trip through the link (timed in every round, beside the tools; and once more over an OpenSSH
+ControlMaster, for scale) and `ddeploy --version` / `--help` start-up times.
 ddeploy runs as a user installs it: `pip install` of this checkout into a virtual environment
 of its own (--checkout: from this checkout's .venv). Asserts nothing about timing.
 """
@@ -42,6 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 from sshd_hosts import SshdFleet, build_test_patch_sets  # noqa: E402
 
+from delay_proxy import DelayProxy  # noqa: E402
+from delayed_hosts import behind_proxy  # noqa: E402
 from deployer.cli.output import table  # noqa: E402
 from deployer.patchset import load_patch_set  # noqa: E402
 
@@ -212,10 +219,24 @@ def startup_times(ddeploy: list[str], reps: int) -> tuple[float, float]:
     return version, help_
 
 
+def through_link(fleet: SshdFleet, link: DelayProxy | None, root: Path) -> tuple[SshdFleet, str]:
+    """The hosts as the tools reach them (behind the link's proxy, if any), and a line saying
+    what round trip the link measured."""
+    if link is None:
+        return fleet, "link: loopback, straight to sshd (--rtt-ms 0)"
+    hosts = behind_proxy(fleet, link, root)
+    asked, measured = link.delay * 2, link.ping_pong()
+    if measured < asked * 0.95:
+        raise SystemExit(f"the delay proxy's round trip measured {measured * 1000:.1f} ms, under {asked * 1000:.0f} ms")
+    line = f"link: a delay proxy before every host, {asked * 1000:.0f} ms round trip"
+    return hosts, f"{line}; a TCP ping-pong through it: {measured * 1000:.1f} ms before the run"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1,8")
+    ap.add_argument("--sizes", default="1,8,32")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rtt-ms", type=float, default=30.0, help="the link's round trip (0: direct, loopback)")
     ap.add_argument("--tools-venv", type=Path, default=Path("/tmp/bench-venv"))
     ap.add_argument(
         "--ansible-ssh-args",
@@ -241,14 +262,16 @@ def main() -> None:
 
             set_dir = resolve_dir(args.version)
         fleet = SshdFleet.start(Path(tmp) / "hosts", count=max(sizes), first_octet=31, prefix="b")
-        mux = ["ssh", "-F", str(fleet.ssh_config), "-o", "ControlMaster=auto", "-o", f"ControlPath={tmp}/ssh-%C"]
-        mux += ["-o", "ControlPersist=30"]
+        link = DelayProxy(args.rtt_ms / 1000) if args.rtt_ms else None
+        mux = ["ssh", "-o", "ControlMaster=auto", "-o", f"ControlPath={tmp}/ssh-%C", "-o", "ControlPersist=30"]
         try:
-            tools = Tools(fleet, set_dir, Path(tmp) / "work", args.tools_venv, args.ansible_ssh_args, ddeploy)
+            hosts, link_line = through_link(fleet, link, Path(tmp) / "link")
+            mux[1:1] = ["-F", str(hosts.ssh_config)]
+            tools = Tools(hosts, set_dir, Path(tmp) / "work", args.tools_venv, args.ansible_ssh_args, ddeploy)
             names = tools.available()
-            h = fleet.hosts[0]
+            h = hosts.hosts[0]
             ssh = [
-                "ssh", "-F", str(fleet.ssh_config), h.name, "true",
+                "ssh", "-F", str(hosts.ssh_config), h.name, "true",
             ]  # fmt: skip
             rtts, times = [], {}
             for n in sizes:
@@ -258,12 +281,17 @@ def main() -> None:
                         reset(fleet, tools.work)
                         times.setdefault((tool, n, "first"), []).append(tools.run(tool, n))
                         times.setdefault((tool, n, "no-op"), []).append(tools.run(tool, n))
+            if link is not None:
+                after, cpu = link.ping_pong() * 1000, link.cpu_seconds()
+                link_line += f"; after the run {after:.1f} ms, the proxy's CPU time {cpu:.2f} s"
             version, help_ = startup_times(ddeploy, args.reps)
             timed([*mux, *ssh[3:]])  # the master
             mux_rtt = statistics.median(timed([*mux, *ssh[3:]]) for _ in range(args.reps))
         finally:
             close_kept_connections(Path(tmp) / "work")
             subprocess.run([*mux, "-O", "exit", fleet.hosts[0].name], capture_output=True)
+            if link is not None:
+                link.close()
             fleet.close()
     rtt = statistics.median(rtts)
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -277,9 +305,10 @@ def main() -> None:
     print(
         f"set {set_dir.name}, medians of {args.reps}; one `ssh host true`: {rtt:.2f} s "
         f"({mux_rtt:.2f} s over an OpenSSH ControlMaster); "
-        f"no-op push of 1 host / ssh round trip: {med[('ddeploy', sizes[0], 'no-op')] / rtt:.2f}x"
+        f"no-op push of {sizes[0]} host(s) / ssh round trip: {med[('ddeploy', sizes[0], 'no-op')] / rtt:.2f}x"
     )
     print(f"ddeploy --version {version:.2f} s, --help {help_:.2f} s; Ansible's ssh args: {args.ansible_ssh_args}")
+    print(link_line)
     print(f"load average (1 min) {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
     print(table(rows, headers))
 
