@@ -76,7 +76,7 @@ def test_strict_host_key_checking_accept_new_and_no_record_unknown_keys_and_refu
     known = tmp_path / "known_hosts"
     for value, connects in (("yes", False), ("accept-new", True), ("no", True)):
         known.write_text("")
-        config = _config(tmp_path / "config", h, hosts.client_key, f"  UserKnownHostsFile {known}\n")
+        config = _config(tmp_path / value, h, hosts.client_key, f"  UserKnownHostsFile {known}\n")
         config.write_text(config.read_text().replace("StrictHostKeyChecking yes", f"StrictHostKeyChecking {value}"))
         assert ssh_connects(config) is connects, value
         known.write_text("")
@@ -84,7 +84,8 @@ def test_strict_host_key_checking_accept_new_and_no_record_unknown_keys_and_refu
         assert (said == "ok") is connects, (value, said)
         assert (h.public_key[1] in known.read_text()) is connects, value
     known.write_text(f"[{h.address}]:{h.port} " + " ".join(hosts.hosts[1].public_key) + "\n")
-    assert "has CHANGED" in ddeploy_connects(config)  # StrictHostKeyChecking no, a changed key
+    assert "has CHANGED" in ddeploy_connects(_fresh(config, "no-changed"))  # StrictHostKeyChecking no
+    config = _fresh(config, "maybe")
     config.write_text(config.read_text().replace("StrictHostKeyChecking no", "StrictHostKeyChecking maybe"))
     assert "StrictHostKeyChecking 'maybe' is not" in ddeploy_connects(config)
 
@@ -126,8 +127,17 @@ def test_identities_only_offers_a_passphrase_protected_key_through_the_agent_tha
     assert ssh_connects(config)
     assert ddeploy_connects(config) == "ok"
     key.with_name("locked.pub").unlink()
+    config = _fresh(config, "no-pub")  # each check authenticates afresh, not on a kept connection
     assert ssh_connects(config)
     assert ddeploy_connects(config) == "ok"
     subprocess.run(["ssh-add", "-D"], check=True, capture_output=True)  # the agent forgets it
+    config = _fresh(config, "forgotten")
     assert not ssh_connects(config)
     assert "authentication refused" in ddeploy_connects(config)
+
+
+def _fresh(config, name: str):
+    """A copy of the ssh_config under another name: ddeploy keeps no connection for it yet."""
+    copy = config.with_name(name)
+    copy.write_text(config.read_text())
+    return copy
