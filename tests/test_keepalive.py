@@ -13,6 +13,7 @@ import time
 import pytest
 
 from deployer.errors import ConnectError
+from deployer.transport.connection import open_connection
 from deployer.transport.ssh_connection import SSHConnection
 from processes import free_port, wait_until
 from sshd_hosts import SshdHost, _sshd_descendants
@@ -50,10 +51,12 @@ def _signal_sshd(h: SshdHost, sig: int) -> None:
             pass
 
 
-def test_a_host_that_stops_answering_fails_the_running_command_within_interval_x_count(lone, tmp_path):
+@pytest.mark.parametrize("opened", ["direct", "kept"])
+def test_a_host_that_stops_answering_fails_the_running_command_within_interval_x_count(lone, tmp_path, opened):
+    """`kept`: through open_connection, a kept connection's master where kept connections are on."""
     h, host = lone
     pidfile = tmp_path / "sleep.pid"
-    conn = SSHConnection(host)
+    conn = SSHConnection(host) if opened == "direct" else open_connection(host)
     try:
         started = conn.start(["sh", "-c", f"echo $$ > {pidfile}; exec sleep 30"])
         assert wait_until(lambda: pidfile.exists() and pidfile.read_text().strip())
