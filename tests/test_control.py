@@ -21,10 +21,9 @@ import pytest
 from deployer.errors import ConnectError, RemoteCommandError
 from deployer.inventory import Inventory
 from deployer.transport import control
-from deployer.transport.agent_client import agent_session
 from deployer.transport.connection import open_connection
-from deployer.transport.protocol import StatusReply
-from processes import logging_python, parent, running, starts
+from processes import parent, wait_until
+from sshd_hosts import _sshd_descendants
 
 pytestmark = pytest.mark.sshd
 MASTER = "deployer.transport.control_master"
@@ -37,13 +36,15 @@ def kept(hosts, monkeypatch):
     monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", "60")
     monkeypatch.setenv("DDEPLOY_CONTROL_DIR", str(directory))
     yield directory
-    if directory.is_dir():
-        directory.chmod(0o700)  # a test made it public
-    control.disconnect()
-    _wait(lambda: not _masters(directory), "the masters to exit")
-    for pid in _masters(directory):
-        os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(directory.parent, ignore_errors=True)
+    try:
+        if directory.is_dir():
+            directory.chmod(0o700)  # a test made it public
+        control.disconnect()
+        _wait(lambda: not _masters(directory), "the masters to exit")
+    finally:
+        for pid in _masters(directory):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(directory.parent, ignore_errors=True)
 
 
 def _masters(directory: Path) -> list[int]:
@@ -292,107 +293,125 @@ def test_a_command_mixing_kept_and_new_connections_waits_only_for_the_new(hosts,
     assert len(_masters(kept)) == 2 and len(list(kept.glob("*.sock"))) == 2
 
 
-# ---------------------------------------------------------------- standby commands
-# A command that reads its input before doing anything (the agent: standby=True) is started ahead
-# for the next command like it: the host's login shell and interpreter have started by then.
-PROBE = "import os, sys; first = sys.stdin.readline(); print(os.getpid(), first.strip(), sys.stdin.read().strip())"
-
-
-def _probes(code: str, *args: str) -> list[int]:
-    """The pids of the host's python processes running `code` (not the sh that started them);
-    with `args`, only those given exactly these arguments."""
+# ---------------------------------------------------------------- nothing left on a host
+def _commands_under_sshd(sshd_host) -> list[int]:
+    """The processes that the host's sshd sessions run (a command, an agent): none but sshd's own."""
+    sessions = set(_sshd_descendants(sshd_host.proc.pid))
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")[:-1]
+            if entry.name.isdigit() and parent(int(entry.name)) in sessions:
+                if not (entry / "comm").read_text().startswith("sshd"):
+                    found.append(int(entry.name))
         except OSError:
             continue
-        if argv[:3] == [sys.executable.encode(), b"-c", code.encode()]:
-            if not args or argv[3:] == [a.encode() for a in args]:
-                found.append(int(entry.name))
     return found
 
 
-def _below_sshd(pid: int) -> list[int]:
-    """pid and its ancestors up to (not including) the sshd process of its session."""
-    chain = []
-    while not Path(f"/proc/{pid}/comm").read_text().startswith("sshd"):
-        chain.append(pid)
-        pid = parent(pid)
-    return chain
+def test_no_process_is_left_on_a_host_after_a_command(hosts, kept, ddeploy):
+    """OpenSSH's ControlPersist keeps a socket, not a process: after `status` over a kept
+    connection, the host's sshd runs its session and nothing under it (no agent waiting)."""
+    h1 = hosts.host("h1")
+    assert ddeploy("status", "--host", "h1").code == 0
+    assert len(_masters(kept)) == 1 and _sshd_descendants(h1.proc.pid)  # the connection is kept
+    assert not wait_until(lambda: _commands_under_sshd(h1), limit=2.0)
+    assert ddeploy("status", "--host", "h1").code == 0  # and serves the next command
+    assert not wait_until(lambda: _commands_under_sshd(h1), limit=2.0)
 
 
-def _call(conn, argv, first: bytes, rest: bytes) -> tuple[int, list[str]]:
-    out = conn.start(argv, first_input=first, standby=True).finish(rest).stdout.split()
-    return int(out[0]), out[1:]
+# ---------------------------------------------------------------- disconnect, as `ssh -O stop`
+def test_disconnect_lets_a_running_command_finish_and_later_commands_connect_anew(hosts, kept, ddeploy, tmp_path):
+    import threading
 
-
-def test_the_next_standby_command_is_started_ahead_and_taken(hosts, kept, tmp_path):
-    code = f"{PROBE}  # {tmp_path.name}"
-    argv = [sys.executable, "-c", code]
-    with open_connection(_host(hosts, "h1")) as conn:
-        first, words = _call(conn, argv, b"a\n", b"b")
-        assert words == ["a", "b"]
-        _wait(lambda: len(_probes(code)) == 1, "a standby to start")
-        [standby] = _probes(code)
-        assert standby != first
-        taken, words = _call(conn, argv, b"c\n", b"d")
-        assert taken == standby and words == ["c", "d"]  # it ran the command, its input whole
-        _wait(lambda: len(_probes(code)) == 1 and _probes(code) != [standby], "the next standby")
-        [standby] = _probes(code)
-        assert conn.run(argv, input=b"e\nf").stdout.split()[1:] == ["e", "f"]  # not a standby command
-        assert _probes(code) == [standby]  # ... took none
-        session = _below_sshd(standby)
-        os.kill(standby, signal.SIGKILL)  # a standby gone since: the command starts as any other
-        _wait(lambda: not any(Path(f"/proc/{pid}").exists() for pid in session), "the killed standby to go")
-        # sshd has reaped the standby's shell, so it sent that channel's exit status before it
-        # confirms this command's channel: the master knows the standby has ended. (A standby
-        # killed in the moment a command takes it fails that command, as the kill would.)
-        conn.run(["true"])
-        fresh, words = _call(conn, argv, b"g\n", b"h")
-        assert fresh != standby and words == ["g", "h"]
-        _wait(lambda: len(_probes(code)) == 1, "a standby to start again")
-        other = [*argv, "other"]  # another command: started anew, then its own standby replaces it
-        _call(conn, other, b"i\n", b"j")
-        _wait(lambda: _probes(code) == _probes(code, "other") != [], "the other's standby to replace it")
-    control.disconnect()
-    _wait(lambda: not _masters(kept), "the master to exit")
-    _wait(lambda: not _probes(code), "the other's standby to end with the connection")
-
-
-def test_a_standby_gives_way_where_sshd_allows_one_session(hosts, kept, tmp_path):
-    """MaxSessions 1: the standby holds the one session; a command that is not its kind still
-    runs (the standby ends first)."""
-    code = f"{PROBE}  # {tmp_path.name}"
-    h2 = hosts.host("h2")
-    h2.max_sessions = 1
-    h2.stop()
-    h2.start()
+    go = tmp_path / "go"
+    script = f"echo waiting >&2; while [ ! -e {go} ]; do sleep 0.05; done; echo finished"
+    lines: list[str] = []
+    results = []
+    conn = open_connection(_host(hosts, "h1"))
+    running = threading.Thread(target=lambda: results.append(conn.run(["sh", "-c", script], stream=lines.append)))
+    running.start()
     try:
-        with open_connection(_host(hosts, "h2")) as conn:
-            _call(conn, [sys.executable, "-c", code], b"a\n", b"b")
-            _wait(lambda: len(_probes(code)) == 1, "a standby to start")
-            assert conn.run(["echo", "ran"]).stdout == "ran\n"
-            assert not _probes(code)
+        _wait(lambda: lines == ["waiting"], "the long command to run on the kept connection")
+        [first] = _masters(kept)
+        stopped = ddeploy("disconnect")
+        assert stopped.code == 0
+        assert "closed the kept connection to h1 (closes when its 1 running command(s) end)" in stopped.stderr
+        assert not list(kept.glob("*.sock"))  # it takes no new command ...
+        later = ddeploy("status", "--host", "h1")  # ... a new one starts a new master
+        assert later.code == 0, later.stderr
+        assert first in _masters(kept) and len(_masters(kept)) == 2
     finally:
-        control.disconnect()
-        h2.max_sessions = 50
-        h2.stop()
-        h2.start()
+        go.touch()
+        running.join(30)
+    assert [r.stdout for r in results] == ["finished\n"]  # the running command was not cut
+    _wait(lambda: first not in _masters(kept), "the stopped master to exit after its command")
+    assert ddeploy("status", "--host", "h1").code == 0 and len(list(kept.glob("*.sock"))) == 1
 
 
-def test_an_agent_call_over_a_kept_connection_runs_on_the_standby_agent(hosts, kept, tmp_path):
-    """The agent reads its input before it acts, so the kept connection keeps the next agent
-    started: the second call starts no agent of its own, and `disconnect` ends the one left."""
-    h1, log = logging_python(tmp_path, _host(hosts, "h1"))
-    with agent_session(h1) as agent:
-        assert agent.call("status", {}, StatusReply).facts.head == hosts.base_commit
-    _wait(lambda: len(starts(log)) == 2 and len(running(log)) == 1, "the standby agent")
-    [standby] = running(log)
-    with agent_session(h1) as agent:
-        assert agent.call("status", {}, StatusReply).facts.head == hosts.base_commit
-    _wait(lambda: len(starts(log)) == 3 and len(running(log)) == 1, "the next standby agent")
-    assert starts(log) == ["status"] * 3 and running(log) != [standby]  # the standby ran the call
-    control.disconnect()
-    _wait(lambda: not running(log), "the standby agent to end with the connection")
-    assert len(starts(log)) == 3
+# ---------------------------------------------------------------- who may use a master
+def test_a_platform_without_peer_credentials_still_serves_its_user(hosts, kept, monkeypatch):
+    """No SO_PEERCRED (as on macOS): the master relies on the socket directory's 0700 mode and
+    serves its user, and its accept thread goes on to the next client."""
+    import socket
+
+    from deployer.transport.control_master import KeptHost
+    from deployer.transport.endpoint import SSHEndpoint
+    from deployer.transport.ssh_connection import SSHConnection
+    from deployer.transport.timeouts import Timeouts
+
+    monkeypatch.delattr(socket, "SO_PEERCRED")
+    host, timeouts = _host(hosts, "h1"), Timeouts.from_env()
+    path = control.socket_in(control.control_dir(), host)
+    endpoint = SSHEndpoint.of(host)
+    master = KeptHost(endpoint, path, SSHConnection(endpoint, timeouts=timeouts), persist=60)
+    master.serve()
+    socket.setdefaulttimeout(10)  # a client never served fails, rather than waits for ever
+    try:
+        conn = control.SharedConnection(host, path, timeouts)
+        assert conn.run(["echo", "served"]).stdout == "served\n"
+        assert conn.run(["echo", "again"]).stdout == "again\n"
+    finally:
+        socket.setdefaulttimeout(None)
+        master.close()
+
+
+# ---------------------------------------------------------------- how the master starts
+def _python_without_deployer(tmp_path) -> tuple[str, dict[str, str]]:
+    """The base interpreter and an environment in which deployer imports only through PYTHONPATH
+    (a copy of the package; its dependencies from the project's venv), as after `pip install
+    --target` or in a PYTHONPATH / zipapp setup: not installed anywhere the interpreter looks."""
+    import site
+
+    copy = tmp_path / "pythonpath"
+    shutil.copytree(Path(control.__file__).parents[1], copy / "deployer", ignore=shutil.ignore_patterns("__pycache__"))
+    deps = [p for p in site.getsitepackages() if p.endswith("site-packages")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy), *deps])}
+    return getattr(sys, "_base_executable", sys.executable), env
+
+
+def test_a_master_imports_deployer_as_the_client_did(hosts, kept, tmp_path):
+    """deployer only on PYTHONPATH: the master still starts, the command succeeds through it, and
+    the connection is kept for the next command."""
+    python, env = _python_without_deployer(tmp_path)
+    probe = subprocess.run([python, "-c", "import deployer"], env={**env, "PYTHONPATH": ""}, cwd=tmp_path)
+    assert probe.returncode != 0  # the scenario: nothing but PYTHONPATH finds deployer
+    argv = [python, "-c", "from deployer.cli import main; main()", "-i", str(hosts.inventory_dir)]
+    res = subprocess.run([*argv, "status", "--host", "h1"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "connecting directly" not in res.stderr  # served by a master, not by the fallback
+    assert len(_masters(kept)) == 1 and len(list(kept.glob("*.sock"))) == 1
+
+
+def test_a_master_that_ends_before_connecting_leaves_the_command_to_connect_directly(hosts, kept, ddeploy, monkeypatch):
+    """A master that cannot import itself (a broken install): the command connects directly
+    (OpenSSH's `ControlMaster auto`), with one note naming the master's log, which says why."""
+    from deployer.transport import master_start
+
+    monkeypatch.setattr(master_start, "MASTER_MODULE", "deployer.transport.no_such_master")
+    res = ddeploy("status", "--host", "h1")
+    assert res.code == 0, res.stderr
+    [note] = [ln for ln in res.stderr.splitlines() if "connecting directly" in ln]
+    log = Path(re.search(r"its log: (\S+)\)$", note).group(1))
+    assert note.startswith("[h1] the connection master ended (exit status 1) before connecting")
+    assert log.parent == kept and "No module named 'deployer.transport.no_such_master'" in log.read_text()
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o700 and not _masters(kept)

@@ -33,9 +33,7 @@ def test_nothing_runs_on_a_host_before_start(hosts, tmp_path):
 
 
 def test_the_first_call_uses_the_agent_started_early(hosts, tmp_path, monkeypatch):
-    # Connections of the command's own: a kept connection would also start (and count) its
-    # standby agent after each call (test_control.py tests that one).
-    monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", "0")
+    monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", "0")  # this process's own connections
     h1, log = logging_python(tmp_path, Inventory.load(hosts.inventory_dir).get("h1"))
     with EarlyAgents([h1]) as early:
         early.start("status")
@@ -92,7 +90,7 @@ def test_push_starts_the_agent_only_for_a_verified_set(hosts, cli, patch_sets, t
     # A client that never shipped to h1: an earlier test's note that it did would (rightly) cost a
     # second call when the reset host answers NeedShip.
     monkeypatch.setenv("DDEPLOY_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", "0")  # per command: no kept connection's standby
+    monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", "0")  # per command: its own connection
 
     inventory = tmp_path / "inventory"
     inventory.mkdir()
@@ -140,7 +138,7 @@ def test_the_agent_crosses_once_per_version_and_later_calls_name_its_hash(hosts,
     """The first call to a host sends the bundle and the host keeps it under its hash; later calls
     (new connections) send only the request. A host whose copy is damaged answers NeedAgent and gets
     the bundle again on the same connection; a changed agent is a new hash, sent once again."""
-    from deployer.transport import agent_client
+    from deployer.transport import agent_bundle, agent_client
 
     monkeypatch.setenv("DDEPLOY_CACHE_DIR", str(tmp_path / "client-cache"))
     monkeypatch.setenv("DDEPLOY_CONTROL_PERSIST", "0")  # metered: this process's own connections
@@ -167,9 +165,10 @@ def test_the_agent_crosses_once_per_version_and_later_calls_name_its_hash(hosts,
 
     changed = agent_client.agent_bundle().replace(b"does not exist on this host", b"is not on this host")
     digest = hashlib.sha256(changed).hexdigest()
-    monkeypatch.setattr(agent_client, "agent_bundle", lambda: changed)
-    monkeypatch.setattr(agent_client, "agent_digest", lambda: digest)
-    monkeypatch.setattr(agent_client, "_bundle_head", lambda: b"%d\n" % len(changed) + changed)
+    for module in (agent_bundle, agent_client):  # the bundle's module, and the session's names for it
+        monkeypatch.setattr(module, "agent_bundle", lambda: changed)
+        monkeypatch.setattr(module, "agent_digest", lambda: digest)
+    monkeypatch.setattr(agent_bundle, "_bundle_head", lambda: b"%d\n" % len(changed) + changed)
     with agent_session(h1.model_copy(update={"checkout": "/nonexistent"})) as agent:
         with pytest.raises(StateError, match="is not on this host"):  # the changed agent ran
             agent.call("status", {}, StatusReply)

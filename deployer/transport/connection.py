@@ -11,7 +11,8 @@ line naming the host.
 
 The parts, one concern each (this module names them all, so callers import from here):
 command.py (Connection, RunResult, StartedCommand), retries.py (Timeouts, with_retries),
-local.py (LocalConnection), ssh_connection.py (SSHConnection, its channels), connect_errors.py.
+local.py (LocalConnection), ssh_connection.py (SSHConnection, its channels), connect_errors.py,
+direct.py (open_direct: a command's own connection), control.py (kept connections).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from .command import Connection, RunResult, StartedCommand, Stream, killed_by, quote_argv, signal_rc
+from .direct import open_direct
 from .local import LocalConnection
 from .timeouts import Timeouts
 
@@ -74,13 +76,3 @@ def open_connection(host: Host, *, accept_new_host_keys: bool = False, timeouts:
     from .control import Connector
 
     return Connector([host], accept_new_host_keys=accept_new_host_keys, timeouts=timeouts).open(host)
-
-
-def open_direct(host: Host, *, accept_new_host_keys: bool = False, timeouts: Timeouts | None = None) -> Connection:
-    """This command's own connection to the host, closed with it."""
-    timeouts = timeouts or Timeouts.from_env()
-    if host.is_local:
-        return LocalConnection(host, timeouts)
-    from .ssh_connection import SSHConnection
-
-    return SSHConnection(host, accept_new_host_keys=accept_new_host_keys, timeouts=timeouts)

@@ -1,15 +1,17 @@
 """The connection master: keeps SSH connections open for later commands (see control.py).
 
-    python -I -m deployer.transport.control_master   < {"persist": S, "timeouts": {...}, "hosts": [...]}
+    python -c "import sys; sys.path[:] = [...]; from deployer.transport.control_master import main; main()"
+        < {"persist": S, "timeouts": {...}, "hosts": [...]}          (master_start.py starts it)
 
 Started by a command, in a session of its own. It connects every host it was given, each in its
 own thread, as a command would (SSHConnection); reports each on stdout as one JSON line as soon as
 it is connected ({"host": NAME, "error": null}) or has failed ({"host": NAME, "error": LINE}),
 listening on the host's socket before it says so; closes stdout once all are reported; then
-serves the sockets. A host's connection closes `persist` seconds after its last command, at QUIT,
-when its link drops, or when a check before a command finds that a fresh connect would not use it
-(control.py); the process exits after its last host. After a command started with `standby`,
-the next one like it is started ahead (KeptHost._keep_standby).
+serves the sockets. A host's connection closes `persist` seconds after its last command, when
+its link drops, or when a check before a command finds that a fresh connect would not use it
+(control.py); at STOP it takes no new command (its socket goes) and closes when its running
+commands end. The process exits after its last host, and removes its log (its stderr, in the
+socket directory) if nothing was written to it. Nothing of it runs on a host between commands.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import logging
 import os
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -27,15 +28,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import paramiko
-
 from ..errors import ConnectError, DeployError
 from . import ssh
-from .wire import DATA, ERROR, FINISH, HELLO, LINE, OK, QUIT, RESULT, START, error_frame, read_frame, send_frame
 from .endpoint import SSHEndpoint
 from .known_hosts import KnownHosts
+from .peer_creds import peer_uid
 from .ssh_connection import SSHConnection
 from .timeouts import Timeouts
+from .wire import DATA, ERROR, FINISH, HELLO, LINE, OK, RESULT, START, STOP, error_frame, read_frame, send_frame
 
 IDLE_CHECK = 0.5  # seconds between looks at the idle connections
 
@@ -46,11 +46,7 @@ class KeptHost:
     def __init__(self, host: SSHEndpoint, path: Path, conn: SSHConnection, persist: float):
         self.host, self.path, self.conn, self.persist = host, path, conn, persist
         self.lock = threading.Lock()
-        self.active, self.last, self.closed = 0, time.monotonic(), False
-        # The next standby command, started ahead: (what it runs, as standby_key gives it, the
-        # command), and whether one is being started.
-        self.standby: tuple[str, Any] | None = None
-        self.standby_starting = False
+        self.active, self.last, self.closed, self.stopping = 0, time.monotonic(), False, False
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         staging = path.with_name(f".{path.name}.{os.getpid()}")
         staging.unlink(missing_ok=True)
@@ -69,7 +65,7 @@ class KeptHost:
                 client, _ = self.listener.accept()
             except OSError:
                 return  # closed
-            if _peer_uid(client) != os.getuid():
+            if not _own_user(client):
                 client.close()
                 continue
             threading.Thread(target=self._handle, args=(client,), daemon=True).start()
@@ -84,6 +80,20 @@ class KeptHost:
             with self.lock:
                 self.active -= 1
                 self.last = time.monotonic()
+                done = self.stopping and self.active == 0
+            if done:
+                self.close()
+
+    def stop(self) -> int:
+        """As `ssh -O stop`: no new command (the socket goes, so the next command starts a new
+        master); the connection closes when its running commands end. How many still run."""
+        with self.lock:
+            self.stopping = True
+            running = self.active
+        self._unlisten()
+        if not running:
+            self.close()
+        return running
 
     def idle_out(self) -> bool:
         """Close when unused for `persist` seconds, or when the link has dropped; whether closed."""
@@ -98,13 +108,16 @@ class KeptHost:
             if self.closed:
                 return
             self.closed = True
+        self._unlisten()
+        self.conn.close()
+
+    def _unlisten(self) -> None:
         try:
             if self.path.stat().st_ino == self.inode:  # still ours, not a newer master's
                 self.path.unlink()
         except OSError:
             pass
         self.listener.close()
-        self.conn.close()
 
     def trusted(self) -> bool:
         """Whether a fresh connect would use this connection: the link is up, the ssh_config still
@@ -123,20 +136,18 @@ class KeptHost:
         return True
 
     def _handle(self, client: socket.socket) -> None:
-        with self.busy(), client, client.makefile("rb") as frames:
+        with client, client.makefile("rb") as frames:
             try:
-                self._command(client, frames)
+                first = read_frame(frames)
+                if first is not None:
+                    self._request(client, frames, *first)
             except OSError:
                 pass  # the client went away; its command, if any, was closed
 
-    def _command(self, client: socket.socket, frames) -> None:
-        first = read_frame(frames)
-        if first is None:
-            return
-        kind, payload = first
-        if kind == QUIT:
-            self.close()
-            send_frame(client, OK, self.host.name.encode())
+    def _request(self, client: socket.socket, frames, kind: bytes, payload: bytes) -> None:
+        if kind == STOP:
+            running = self.stop()
+            send_frame(client, OK, json.dumps({"host": self.host.name, "running": running}).encode())
             return
         if not self.trusted():
             self.close()  # a fresh connect decides (and reports) what the host is now
@@ -148,20 +159,13 @@ class KeptHost:
         data = read_frame(frames)
         if kind != START or data is None or data[0] != DATA:
             return
-        spec: dict[str, Any] = json.loads(payload)
-        key = standby_key(spec) if spec.get("standby") else None
-        try:
-            started = self._take_standby(key, data[1]) if key else None
-            if started is None:
-                started = self._start(spec, data[1])
-        except DeployError as exc:
-            send_frame(client, ERROR, error_frame(exc))
-            return
-        try:
+        with self.busy():
+            try:
+                started = self._start(json.loads(payload), data[1])
+            except DeployError as exc:
+                send_frame(client, ERROR, error_frame(exc))
+                return
             self._serve(client, frames, started)
-        finally:
-            if key:
-                self._keep_standby(spec, key)
 
     def _serve(self, client: socket.socket, frames, started) -> None:
         """The started command's FINISH, its stderr lines and its result."""
@@ -185,84 +189,10 @@ class KeptHost:
             done.set()
             client.shutdown(socket.SHUT_RDWR)  # wakes the watcher
 
-    def _open(self, spec: dict[str, Any], first_input: bytes = b""):
-        """`spec` (a START's JSON) started on a new channel."""
-        return self.conn.start(
-            spec["argv"], cwd=spec["cwd"], env=spec["env"], first_input=first_input, hold_stdin=spec["hold_stdin"]
-        )
-
     def _start(self, spec: dict[str, Any], first_input: bytes):
-        """The command started on a channel of its own. An sshd that allows few sessions per
-        connection (MaxSessions) may refuse the channel that the standby's would make one too
-        many: the standby then ends, and the command takes its place."""
-        try:
-            return self._open(spec, first_input)
-        except DeployError:
-            with self.lock:
-                held, self.standby = self.standby, None
-            if held is None:
-                raise
-        _end(held[1].chan)
-        return self._open(spec, first_input)
-
-    def _take_standby(self, key: str, first_input: bytes):
-        """The standby command started ahead for `key`, given its first input; None if there is
-        none (or it has ended: the command is then started as any other)."""
-        with self.lock:
-            if self.standby is None or self.standby[0] != key:
-                return None
-            started, self.standby = self.standby[1], None
-        try:
-            if started.chan.exit_status_ready():
-                raise EOFError("it has ended")
-            if first_input:
-                started.chan.sendall(first_input)
-        except (OSError, EOFError, paramiko.SSHException):
-            started.chan.close()
-            return None
-        return started
-
-    def _keep_standby(self, spec: dict[str, Any], key: str) -> None:
-        """Start the next command like `spec` now, in the background, so that it has started (the
-        host's login shell, the interpreter) by the time a command asks for it. One per host: a
-        standby for another command is closed (its process reads end of file and ends)."""
-        with self.lock:
-            if self.closed or self.standby_starting or (self.standby is not None and self.standby[0] == key):
-                return
-            self.standby_starting = True
-        threading.Thread(target=self._start_standby, args=(spec, key), name="standby", daemon=True).start()
-
-    def _start_standby(self, spec: dict[str, Any], key: str) -> None:
-        try:
-            started = self._open(spec)
-        except DeployError:
-            started = None  # the next command starts its own, and reports what is wrong
-        with self.lock:
-            self.standby_starting = False
-            replaced = None
-            if started is not None and not self.closed:
-                replaced, self.standby, started = self.standby, (key, started), None
-        for left in (started, replaced and replaced[1]):
-            if left is not None:
-                _end(left.chan)
-
-
-def _end(chan: paramiko.Channel, wait: float = 2.0) -> None:
-    """End a standby: the end of its stdin (it has read nothing, so it exits), its exit awaited
-    (a little while) so that sshd has freed its session before the next channel opens."""
-    try:
-        chan.shutdown_write()
-        deadline = time.monotonic() + wait
-        while not chan.exit_status_ready() and time.monotonic() < deadline:
-            time.sleep(0.01)
-    except (OSError, EOFError, paramiko.SSHException):
-        pass
-    chan.close()
-
-
-def standby_key(spec: dict[str, Any]) -> str:
-    """What a standby command runs: only a command that asks for exactly that may take it."""
-    return json.dumps([spec["argv"], spec["cwd"], spec["env"], spec["hold_stdin"]], sort_keys=True)
+        """`spec` (a START's JSON) started on a new channel."""
+        argv, cwd, env, hold = spec["argv"], spec["cwd"], spec["env"], spec["hold_stdin"]
+        return self.conn.start(argv, cwd=cwd, env=env, first_input=first_input, hold_stdin=hold)
 
 
 def _close_when_gone(frames, chan, done: threading.Event) -> None:
@@ -276,9 +206,14 @@ def _close_when_gone(frames, chan, done: threading.Event) -> None:
         chan.close()
 
 
-def _peer_uid(client: socket.socket) -> int:
-    creds = client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+def _own_user(client: socket.socket) -> bool:
+    """Whether the client runs as this user, where the platform can tell (peer_creds.py); where
+    it cannot, the socket directory's 0700 mode has let only this user reach the socket."""
+    try:
+        uid = peer_uid(client)
+    except OSError:
+        return False  # the call exists and failed: refuse this client, serve the next
+    return uid is None or uid == os.getuid()
 
 
 def _connect(entry: dict[str, Any], persist: float, timeouts: Timeouts, report) -> KeptHost | None:
@@ -343,6 +278,16 @@ def main() -> None:
     while kept:
         time.sleep(IDLE_CHECK)
         kept = [k for k in kept if not k.idle_out()]
+    _remove_if_empty(Path(request["log"]) if request.get("log") else None)
+
+
+def _remove_if_empty(log: Path | None) -> None:
+    """The master's log, once it ends: kept only when something was written to it."""
+    try:
+        if log is not None and log.stat().st_size == 0:
+            log.unlink()
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ handshake, the host's login shell and Python's start-up overlap the client's own
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -23,8 +22,7 @@ class EarlyAgents:
     start-up. None of that needs the request, so it runs beside the client's own work (verifying
     the patch set, importing what the call needs, building the request) instead of after it.
     Nothing runs on a host before `start`: a command whose input turns out bad (a tampered patch
-    set) has only connected (over a kept connection, the standby agent that the master keeps
-    started, control.py, has read nothing and does nothing). Each host connects in its own
+    set) has only connected. Each host connects in its own
     thread; a failure (ConnectError) is raised where the session is taken, so it is reported per
     host as before. Sessions never taken (the client failed, --fail-fast) are closed; an agent
     that was started reads no request and ends without touching the checkout.
@@ -80,18 +78,11 @@ class EarlyAgents:
         if abandoned:
             session.conn.close()
 
-    def start(self, op: str, *, wait: float = 1.0) -> None:
-        """Start the agent for `op` on each host as soon as it is connected, and give that the
-        CPU first for up to `wait` seconds (the hosts' shells are the long pole; a host slower
-        than that to answer does not hold up the client)."""
+    def start(self, op: str) -> None:
+        """Start the agent for `op` on each host as soon as it is connected; returns at once (the
+        client's own work goes on beside the hosts' shells and interpreters starting)."""
         self._op = op
         self._go.set()
-        deadline = time.monotonic() + wait
-        for future in list(self._futures.values()):
-            try:
-                future.exception(timeout=max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                return
 
     def take(self, host: Host) -> AgentSession | None:
         """The host's early session (waiting for its connect), or None if it has none; raises the
