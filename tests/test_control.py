@@ -367,7 +367,7 @@ def test_a_platform_without_peer_credentials_still_serves_its_user(hosts, kept, 
     master.serve()
     socket.setdefaulttimeout(10)  # a client never served fails, rather than waits for ever
     try:
-        conn = control.SharedConnection(host, path, timeouts)
+        conn = control.SharedConnection(host, path, timeouts, reopen=lambda: pytest.fail("the master closed"))
         assert conn.run(["echo", "served"]).stdout == "served\n"
         assert conn.run(["echo", "again"]).stdout == "again\n"
     finally:

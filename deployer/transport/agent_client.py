@@ -2,14 +2,15 @@
 
 The agent is stdlib-only and runs with the host's inventory `python` as `python -S -c BOOTSTRAP
 OP DIGEST` (-S: no site-packages, whose .pth hooks can cost more than the agent's work). DIGEST is
-the sha256 of the agent's bundle ({module: source} as JSON, a readable package here). The host
+the sha256 of the agent's bundle ({module: source} as JSON, a readable package here; both, and the
+argv and stdin, come from agent_bundle.py). The host
 keeps the bundle compiled under DIGEST (~/.cache/ddeploy/agent/), so its ~100 KB cross once per
 host and agent version: the first call sends it on stdin and the host says that it kept it; later
 calls send only the request (a host without an intact copy answers NeedAgent, and gets it). So
 nothing has to be installed on a host by hand, client and agent can never be out of step, neither
 the source nor the request shows in `ps` on the host, and the agent can start before the request
-exists: an EarlyAgents (early_agents.py) opens the connections and starts the agents while the client still
-prepares the request (the SSH handshake, the host's login shell and Python's start-up then overlap
+exists: an EarlyAgents (early_agents.py) opens the connections and starts the agents while the
+client still prepares the request (the SSH handshake, the host's login shell and Python's start-up then overlap
 with the client's own work). Every reply is validated into its model from
 deployer/transport/protocol.py.
 
@@ -25,7 +26,7 @@ import json
 import socket
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, TypeVar
 
 from .. import errors
 from ..agent.common import last_text_line
@@ -47,7 +48,6 @@ from .wire import error_for
 
 if TYPE_CHECKING:
     from ..inventory import Host
-    from .early_agents import EarlyAgents
 
 R = TypeVar("R")
 
@@ -94,6 +94,12 @@ def _reply_problem(exc: Exception) -> str:
     if first["type"] == "missing":
         return f"replied without {field!r}"
     return f"replied with a bad {field!r} ({first['msg']})"
+
+
+class EarlySessions(Protocol):
+    """Sessions opened before the command asked for them (early_agents.EarlyAgents)."""
+
+    def take(self, host: Host) -> AgentSession | None: ...
 
 
 class AgentSession:
@@ -182,7 +188,7 @@ class AgentSession:
 
 @contextmanager
 def agent_session(
-    host: Host, *, accept_new_host_keys: bool = False, command: str = "ddeploy", early: EarlyAgents | None = None
+    host: Host, *, accept_new_host_keys: bool = False, command: str = "ddeploy", early: EarlySessions | None = None
 ) -> Iterator[AgentSession]:
     """One connection to the host for every agent call of a command (raises ConnectError); the
     early one when `early` opened it."""

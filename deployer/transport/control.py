@@ -164,4 +164,8 @@ class Connector:
                 del self.paths[host.name]
         if host.name not in self.paths:  # this machine, reuse is off, or no master
             return open_direct(host, accept_new_host_keys=self.accept_new_host_keys, timeouts=self.timeouts)
-        return SharedConnection(host, self.paths[host.name], self.timeouts)
+        return SharedConnection(host, self.paths[host.name], self.timeouts, reopen=lambda: self._reopen(host))
+
+    def _reopen(self, host: Host) -> Connection:
+        """The host's connection for a command that found its kept one closed since."""
+        return Connector([host], timeouts=self.timeouts).open(host)

@@ -117,6 +117,10 @@ class KeptHost:
                 self.path.unlink()
         except OSError:
             pass
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept thread, which then ends
+        except OSError:
+            pass
         self.listener.close()
 
     def trusted(self) -> bool:

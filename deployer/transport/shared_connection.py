@@ -8,7 +8,7 @@ import json
 import socket
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import ConnectError, RemoteCommandError
 from .command import Connection, RunResult, StartedCommand, Stream, check_result
@@ -38,8 +38,9 @@ class SharedConnection(Connection):
     that finds the connection closed since (idle, stopped, the link dropped) connects anew: a new
     master, or this command's own connection where none starts."""
 
-    def __init__(self, host: Host, path: Path, timeouts: Timeouts):
+    def __init__(self, host: Host, path: Path, timeouts: Timeouts, reopen: Callable[[], Connection]):
         self.host, self.path, self.timeouts = host, path, timeouts
+        self._reopen = reopen  # the host's connection anew (control.Connector.open)
         self._lock = threading.Lock()
         self._running: set[socket.socket] = set()  # the sockets of commands not finished yet
         self._fallback: Connection | None = None  # the command's own connection, once needed
@@ -65,9 +66,7 @@ class SharedConnection(Connection):
 
     def _reconnect(self) -> socket.socket | Connection:
         """The kept connection closed since: a new one's socket, or this command's own connection."""
-        from .control import Connector
-
-        conn = Connector([self.host], timeouts=self.timeouts).open(self.host)
+        conn = self._reopen()
         if isinstance(conn, SharedConnection):
             sock = dial(conn.path)
             if sock is not None:
