@@ -415,3 +415,36 @@ def test_a_master_that_ends_before_connecting_leaves_the_command_to_connect_dire
     assert note.startswith("[h1] the connection master ended (exit status 1) before connecting")
     assert log.parent == kept and "No module named 'deployer.transport.no_such_master'" in log.read_text()
     assert stat.S_IMODE(kept.stat().st_mode) == 0o700 and not _masters(kept)
+
+
+# ---------------------------------------------------------------- the house
+def transport_import_cycles(package: Path) -> list[str]:
+    """The modules of `package` that reach themselves through its relative imports (lazy ones
+    and those only for type checking included)."""
+    import ast
+
+    graph = {}
+    for path in package.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                deps |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+        graph[path.stem] = deps
+
+    def reached(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for dep in graph.get(todo.pop(), ()):
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        return seen
+
+    return sorted(m for m in graph if m in reached(m))
+
+
+def test_the_transport_modules_import_in_one_direction_and_stay_short():
+    package = Path(control.__file__).parent
+    assert transport_import_cycles(package) == []
+    long = {p.name: n for p in package.glob("*.py") if (n := len(p.read_text().splitlines())) > 300}
+    assert long == {}
