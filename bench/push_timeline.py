@@ -64,10 +64,12 @@ if os.environ.get("DDEPLOY_CONTROL_PERSIST") == "0":  # the command's own connec
     _wrap(c._StartedChannel, "finish", "agent call")
 else:  # the kept connection: a look at its socket, then commands through it
     import deployer.transport.control as c
+    import deployer.transport.master_start as m
+    import deployer.transport.shared_connection as s
     _wrap(c.Connector, "__init__", "connect")
-    _wrap(c.SharedConnection, "start", "agent start")
-    _wrap(c._SharedCommand, "finish", "agent call")
-    _wrap(c._MasterStart, "wait", "master")  # a first push: until the master it started has connected
+    _wrap(s.SharedConnection, "start", "agent start")
+    _wrap(s._SharedCommand, "finish", "agent call")
+    _wrap(m.MasterStart, "wait", "master")  # a first push: until the master it started has connected
 _wrap(a.EarlyAgents, "start", "client ready")
 atexit.register(lambda: (_note("exit"), sys.stderr.write("TIMELINE " + json.dumps(_notes) + "\\n")))
 from deployer.cli import main
@@ -152,8 +154,8 @@ def main() -> None:
                 rtts.append(time.perf_counter() - t0)
                 for mode, extra in MODES.items():
                     timed(mode, extra, "already applied")
-                # The baseline's first push, then this checkout's: its kept connection (and
-                # standby agent) serves the next round's no-op push.
+                # The baseline's first push, then this checkout's: its kept connection serves the
+                # next round's no-op push.
                 for mode in reversed(pythons):
                     reset(fleet, Path(tmp))  # as bench_push before its first push
                     timed(mode, {}, "applied ddtree")

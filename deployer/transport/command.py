@@ -164,11 +164,8 @@ class Connection:
         env: dict[str, str] | None = None,
         first_input: bytes = b"",
         hold_stdin: bool = False,
-        standby: bool = False,
     ) -> StartedCommand:
-        """Start argv now with the first part of its stdin; `.finish(rest)` for the result.
-        `standby`: the command does nothing before it has read its input, so a kept connection
-        may start the next command like it ahead of time (control.py); others ignore it."""
+        """Start argv now with the first part of its stdin; `.finish(rest)` for the result."""
         return StartedCommand(self, argv, cwd, env, first_input, hold_stdin)
 
     def close(self) -> None:

@@ -83,7 +83,7 @@ class SSHConnection(Connection):
         started = self.start(argv, cwd=cwd, env=env, hold_stdin=hold_stdin)
         return started.finish(input, check=check, timeout=timeout, stream=stream)
 
-    def start(self, argv, *, cwd=None, env=None, first_input=b"", hold_stdin=False, standby=False):
+    def start(self, argv, *, cwd=None, env=None, first_input=b"", hold_stdin=False):
         line = remote_line([*env_prefix({**self.host.env, **(env or {})}), *argv], cwd)
         try:
             chan = self._open_session()
