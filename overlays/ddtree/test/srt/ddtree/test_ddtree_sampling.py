@@ -296,6 +296,22 @@ def test_equals_the_sort_based_filter_on_random_batches(backend, dtype, ties):
                 _both(logits, replace(rows, max_top_k=bound), backend)
 
 
+def test_equals_the_sort_based_filter_at_a_large_vocabulary():
+    """V = 65,536, bf16 logits (ties everywhere below the top): counts and
+    masses over long rows, with and without the host bound, both orders."""
+    gen = torch.Generator().manual_seed(65536)
+    logits = (torch.randn(6, 65536, generator=gen) * 4).to(torch.bfloat16)
+    rows = _per_row(
+        [ALL, 40, 1000, ALL, 5, ALL],
+        [0.9, 0.5, 0.99, 1.0, 0.95, 0.3],
+        [0.0, 0.0, 0.0, 0.05, 0.0, 0.0],
+        [0.7, 1.0, 1.3, 1.0, 0.5, 2.0],
+    )
+    for backend in ("pytorch", "flashinfer"):
+        _both(logits, rows, backend)
+        _both(logits[1:3], replace(rows.select(slice(1, 3)), max_top_k=1000), backend)
+
+
 def test_never_sorts_the_rows(monkeypatch):
     """No sort of any kind, and the only topk is the bounded [R, max_top_k]."""
 
@@ -321,7 +337,9 @@ def test_never_sorts_the_rows(monkeypatch):
         monkeypatch.setattr(torch, name, forbidden)
         monkeypatch.setattr(torch.Tensor, name, forbidden)
     monkeypatch.setattr(torch, "topk", topk)
-    got = [plain_sampling_probs(logits, r, b) for r in (mixed, bounded) for b in backends]
+    got = [
+        plain_sampling_probs(logits, r, b) for r in (mixed, bounded) for b in backends
+    ]
     for g, w in zip(got, want):
         _same(g, w)
     assert widths == [9, 9]

@@ -34,6 +34,9 @@ that count / sum each row's probabilities above a per-row threshold (two
 bisections for top-k-first with top-k and top-p). Then one pass builds the
 kept mask (ties at the cut ranked by token id with an int32 running count)
 and the row is renormalised in place. No host reads of device values.
+Alive at the peak beside the logits: the probabilities, one float32 [R, V]
+scratch (the bisection's 0/1 masks, then the int32 tie count) and two bool
+[R, V] masks, i.e. 2.5 float32 [R, V] buffers (2 during the softmax).
 """
 
 from __future__ import annotations
@@ -138,11 +141,15 @@ def plain_sampling_probs(
     bound = vocab
     if params.need_top_k and params.max_top_k is not None:
         bound = max(1, min(int(params.max_top_k), vocab))
+    # The one float32 [R, V] scratch buffer: the bisection's masks, then the
+    # int32 running count of ties at the cut.
+    work = torch.empty_like(probs)
     if bound < vocab:
         cut = _cut_from_top_k(probs, bound, top_ks, params, order)
     else:
-        cut = _cut_by_bisection(probs, top_ks, params, order)
-    keep = _kept(probs, cut)
+        cut = _cut_by_bisection(probs, top_ks, params, order, work)
+    keep = _kept(probs, cut, work.view(torch.int32))
+    del work
     if min_p_floor is not None:
         keep &= probs >= min_p_floor[:, None]
     return _renormalised(probs.mul_(keep))
@@ -198,7 +205,11 @@ _BISECTION_STEPS = 30
 
 
 def _cut_by_bisection(
-    probs: torch.Tensor, top_ks: torch.Tensor, params: SamplingRows, order: bool
+    probs: torch.Tensor,
+    top_ks: torch.Tensor,
+    params: SamplingRows,
+    order: bool,
+    work: torch.Tensor,
 ) -> _Cut:
     """The cut without a top-k bound: bisection on the float32 bits of the cut.
 
@@ -206,8 +217,9 @@ def _cut_by_bisection(
     probabilities > t. The first token of the tie group of value v is kept iff
     G(v) < top_k and S(v) <= top_p (times the top-k mass when top-k goes
     first); that predicate only grows with t, so the smallest float for which
-    it holds is the smallest kept value. Each step is one vectorised pass over
-    [R, V] for all rows at once; ``_BISECTION_STEPS`` steps, no host reads.
+    it holds is the smallest kept value. Each step is a few vectorised passes
+    over [R, V] for all rows at once; ``_BISECTION_STEPS`` steps, no host reads.
+    work: float32 [R, V] scratch.
     """
     budget = None
     if params.need_top_p:
@@ -216,10 +228,10 @@ def _cut_by_bisection(
             # Top-k first: top-p is judged on the top-k-renormalised row, i.e.
             # on the raw mass against top_p times the mass of the top k.
             no_budget = torch.full_like(budget, float("inf"))  # mass, no test
-            k_cut, k_count, k_mass = _bisect(probs, top_ks, no_budget, True)
+            k_cut, k_count, k_mass = _bisect(probs, top_ks, no_budget, True, work)
             k_ties = (top_ks - k_count).to(torch.float64)
             budget = budget * (k_mass + k_ties * k_cut.to(torch.float64))
-    value, count, mass = _bisect(probs, top_ks, budget, params.need_top_k)
+    value, count, mass = _bisect(probs, top_ks, budget, params.need_top_k, work)
     # take may exceed the number of ties: then all of them are kept.
     take = top_ks - count
     if budget is not None:
@@ -248,11 +260,16 @@ def _bisect(
     top_ks: torch.Tensor,
     budget: Optional[torch.Tensor],
     need_top_k: bool,
+    work: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Smallest float32 t per row with G(t) < top_k and S(t) <= budget.
 
     Returns (t float32 [R], G(t) int64 [R], S(t) float64 [R]); t is one of the
     row's probabilities (the predicate is constant between two of them).
+    work: float32 [R, V] scratch, overwritten. Each step writes the 0/1 mask
+    ``probs > t`` into it as float32 (a count is then an exact float sum below
+    2**24), multiplies it by probs in place and sums: no allocation per step,
+    and pairwise float32 sums (plain decoding's cumsum is float32 too).
     """
     rows = probs.shape[0]
     device = probs.device
@@ -261,44 +278,47 @@ def _bisect(
     need_count = need_top_k
     hi = probs.amax(dim=-1).view(torch.int32).to(torch.int64)
     lo = torch.full((rows,), -1, dtype=torch.int64, device=device)
-    count_hi = torch.zeros((rows,), dtype=torch.int64, device=device)
+    count_hi = torch.zeros((rows,), dtype=torch.float32, device=device)
     mass_hi = torch.zeros((rows,), dtype=torch.float64, device=device)
     for _ in range(_BISECTION_STEPS):
         mid = hi - (hi - lo) // 2  # > lo while hi > lo, so never -1
         t = mid.to(torch.int32).view(torch.float32)[:, None]
-        above = probs > t
+        torch.gt(probs, t, out=work)
         ok = torch.ones((rows,), dtype=torch.bool, device=device)
         if need_count:
-            count = above.sum(dim=-1)
+            count = work.sum(dim=-1)
             ok &= count < top_ks
         if budget is not None:
-            # float32 sums (a float64 sum copies [R, V] to float64 on the CPU);
-            # plain decoding's cumsum over the sorted row is float32 too.
-            mass = torch.where(above, probs, 0.0).sum(dim=-1).to(torch.float64)
+            mass = work.mul_(probs).sum(dim=-1).to(torch.float64)
             ok &= mass <= budget
             mass_hi = torch.where(ok, mass, mass_hi)
         if need_count:
             count_hi = torch.where(ok, count, count_hi)
-        del above
         hi = torch.where(ok, mid, hi)
         lo = torch.where(ok, lo, mid)
     value = hi.to(torch.int32).view(torch.float32)
     if not need_count:
-        count_hi = (probs > value[:, None]).sum(dim=-1)
-    return value, count_hi, mass_hi
+        count_hi = torch.gt(probs, value[:, None], out=work).sum(dim=-1)
+    return value, count_hi.to(torch.int64), mass_hi
 
 
-def _kept(probs: torch.Tensor, cut: _Cut) -> torch.Tensor:
+def _kept(probs: torch.Tensor, cut: _Cut, rank: torch.Tensor) -> torch.Tensor:
     """bool [R, V]: probabilities above the cut, and its first ``take`` ties.
 
-    Ties at the cut are ranked by token id, as a stable descending sort does;
-    the running count of ties is one int32 [R, V] pass.
+    Ties at the cut are ranked by token id, as a stable descending sort does,
+    with a running count written into ``rank`` (int32 [R, V] scratch). Alive
+    at once: probs, rank and two bool masks.
     """
     value = cut.value[:, None]
+    # In place in rank: a cumsum of the bool mask, or an int32 ``eq``, would
+    # allocate an int32 [R, V] of its own.
     tie = probs == value
-    rank = torch.cumsum(tie, dim=-1, dtype=torch.int32)
-    keep = probs > value
-    keep |= tie & (rank <= cut.take.to(torch.int32)[:, None])
+    rank.copy_(tie)
+    rank.cumsum_(dim=-1)
+    keep = torch.le(rank, cut.take.to(torch.int32)[:, None])
+    keep &= tie
+    torch.gt(probs, value, out=tie)
+    keep |= tie
     return keep
 
 
