@@ -152,3 +152,14 @@ def test_the_rendered_ep_launches_pass_the_servers_start_check(overlay_rules):
         assert overlay_rules.ddtree_launch_refusals(launch) == [], unit.name
         (refusal,) = overlay_rules.ddtree_launch_refusals(launch.__class__(**{**vars(launch), "dispatch_cap": None}))
         assert refusal.endswith(f"; set {CAP}={_env(unit)[CAP]}."), refusal
+
+
+@pytest.mark.parametrize("key", ["accept_threshold_single", "accept_threshold_acc"])
+def test_a_lossy_accept_threshold_is_refused_with_ddtree_and_rendered_without(key):
+    """The server would refuse it at start (its memory-light verify cannot apply a
+    threshold, so the distribution would follow the batch size); linear DFlash takes it."""
+    flag = "--speculative-" + key.replace("_", "-")
+    with pytest.raises(RenderError, match=f"{flag} 0.9 would make it lossy"):
+        _ep8(f"{key}=0.9")
+    (unit,) = _ep8(f"{key}=0.9", "tree_budget=0")
+    assert f"{flag} 0.9" in unit.script

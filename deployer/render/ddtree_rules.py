@@ -70,7 +70,15 @@ def _launch(rules: SimpleNamespace, v: dict[str, Any]) -> Any:
         verify_backend=v["attention_backend"],
         is_mla=v["model_attention"] == "mla",
         **_dispatch_fields(rules, v),
+        **_threshold_fields(rules, v),
     )
+
+
+def _threshold_fields(rules: SimpleNamespace, v: dict[str, Any]) -> dict[str, Any]:
+    """The accept thresholds (none for a release without the lossy-threshold rule)."""
+    if not hasattr(rules, "accept_threshold_refusal"):
+        return {}
+    return {key: v[key] for key in ("accept_threshold_single", "accept_threshold_acc")}
 
 
 def _dispatch_fields(rules: SimpleNamespace, v: dict[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -30,6 +31,8 @@ def _cfg(**over):
         max_running_requests=None,
         attn_dp_size=1,
         tp_size=1,
+        speculative_accept_threshold_single=1.0,
+        speculative_accept_threshold_acc=1.0,
     )
     base.update(over)
     return SimpleNamespace(**base)
@@ -154,6 +157,14 @@ def test_no_budget_declares_nothing():
         ({"speculative_use_block_verification": True}, "block-verification"),
         ({"speculative_num_draft_tokens": 1}, "block size >= 2"),
         ({"pp_size": 2}, "only supports --pp-size 1 \\(got 2\\)"),
+        (
+            {"speculative_accept_threshold_single": 0.9},
+            "--speculative-accept-threshold-single 0.9 would make it lossy",
+        ),
+        (
+            {"speculative_accept_threshold_acc": 0.5},
+            "--speculative-accept-threshold-acc 0.5 would make it lossy",
+        ),
     ],
 )
 def test_each_refused_server_setting_has_its_message(over, message):
@@ -291,21 +302,103 @@ def _req(**params):
         presence_penalty=0.0,
         repetition_penalty=1.0,
         min_new_tokens=0,
+        top_k=1,
     )
     for key, value in params.items():
         setattr(sampling, key, value)
     return SimpleNamespace(
-        sampling_params=sampling, return_logprob=False, custom_logit_processor=None
+        sampling_params=sampling,
+        return_logprob=False,
+        custom_logit_processor=None,
+        return_sampling_mask=False,
     )
 
 
-def test_grammars_logprobs_and_logit_processors_are_served():
+def test_grammars_logprobs_and_stateless_logit_processors_are_served():
     assert ddtree_request_error(_req()) is None
     assert ddtree_request_error(_req(regex="a+", json_schema="{}")) is None
-    req = _req()
+    req = _req(top_k=TOP_K_ALL)
     req.return_logprob = True
-    req.custom_logit_processor = "serialized"
-    assert ddtree_request_error(req) is None
+    req.custom_logit_processor = _serialized(DisallowedTokensLogitsProcessor)
+    assert ddtree_request_error(req, deterministic=False) is None
+
+
+TOP_K_ALL = 1 << 30
+
+
+class ThinkingBudgetLogitProcessor:
+    """Stands in for SGLang's: it counts the request's output_ids."""
+
+    def __call__(self, logits, custom_param_list=None):
+        return logits
+
+
+class DisallowedTokensLogitsProcessor:
+    """Stands in for SGLang's stateless processor (its module and name)."""
+
+
+DisallowedTokensLogitsProcessor.__module__ = "sglang.srt.sampling.custom_logit_processor"
+
+
+class DeclaredStateless:
+    stateless = True
+
+
+def _serialized(cls) -> str:
+    """As SGLang's CustomLogitProcessor.to_str writes it (json around dill)."""
+    import dill
+
+    return json.dumps({"callable": dill.dumps(cls).hex()})
+
+
+def _with_processor(cls):
+    req = _req()
+    req.custom_logit_processor = _serialized(cls)
+    return req
+
+
+def test_a_logit_processor_reading_the_request_is_refused_by_name():
+    """A verify hands every tree row the request as it stood before the step,
+    so a processor counting output_ids would be wrong below the root."""
+    error = ddtree_request_error(_with_processor(ThinkingBudgetLogitProcessor))
+    assert error.startswith(
+        "DDTree speculative decoding does not support the custom logit processor "
+        "ThinkingBudgetLogitProcessor:"
+    ), error
+
+
+def test_a_logit_processor_that_declares_itself_stateless_is_served():
+    assert ddtree_request_error(_with_processor(DeclaredStateless)) is None
+    assert ddtree_request_error(_with_processor(DisallowedTokensLogitsProcessor)) is None
+
+
+def test_an_unloadable_logit_processor_is_refused_with_the_reason():
+    req = _req()
+    req.custom_logit_processor = json.dumps({"callable": "00"})
+    assert "could not load the request's custom logit processor" in (
+        ddtree_request_error(req)
+    )
+
+
+def test_sampled_requests_under_deterministic_inference_are_refused():
+    """Plain decoding draws them from sampling_seed; the tree verify cannot."""
+    sampled = _req(top_k=TOP_K_ALL, sampling_seed=7)
+    error = ddtree_request_error(sampled, deterministic=True)
+    assert "does not support sampled requests with --enable-deterministic" in error
+    assert "sampling_seed" in error
+    assert ddtree_request_error(sampled, deterministic=False) is None
+    assert ddtree_request_error(_req(), deterministic=True) is None  # greedy
+
+
+def test_a_sampling_mask_is_refused_for_sampled_requests_only():
+    """SGLang would capture linear DFlash's top-k-first target, not DDTree's."""
+    req = _req(top_k=4)
+    req.return_sampling_mask = True
+    error = ddtree_request_error(req, deterministic=False)
+    assert "does not support return_sampling_mask for sampled requests" in error
+    greedy = _req()
+    greedy.return_sampling_mask = True
+    assert ddtree_request_error(greedy) is None
 
 
 @pytest.mark.parametrize(

@@ -55,6 +55,16 @@ REFUSED = {
         ("--speculative-dflash-tree-budget", "8", "--pp-size", "2"),
         "only supports pp_size == 1",
     ),
+    # Lossy thresholds: the dense verify would apply them, the memory-light one not.
+    "lossy-accept-threshold": (
+        (
+            "--speculative-dflash-tree-budget",
+            "8",
+            "--speculative-accept-threshold-single",
+            "0.9",
+        ),
+        "--speculative-accept-threshold-single 0.9 would make it lossy",
+    ),
 }
 
 
@@ -225,6 +235,14 @@ REFUSED_REQUESTS = {
         {"sampling_params": {"min_new_tokens": 4, "frequency_penalty": 0.5}},
         "does not support frequency_penalty, min_new_tokens",
     ),
+    # SGLang would capture linear DFlash's top-k-first target, not DDTree's.
+    "sampled-sampling-mask": (
+        {
+            "sampling_params": {"temperature": 1.0, "top_k": 4},
+            "return_sampling_mask": True,
+        },
+        "does not support return_sampling_mask for sampled requests",
+    ),
 }
 
 
@@ -242,7 +260,7 @@ def test_refused_request_gets_its_error_while_another_is_served(ddtree_server, n
     extra, message = REFUSED_REQUESTS[name]
     sampling = {"max_new_tokens": 48, "temperature": 0.0, "ignore_eos": True}
     good = {"input_ids": list(range(5, 20)), "sampling_params": sampling}
-    bad = {"input_ids": [7, 8, 9], "sampling_params": dict(sampling), **extra}
+    bad = {"input_ids": [7, 8, 9], **extra, "sampling_params": dict(sampling)}
     bad["sampling_params"].update(extra.get("sampling_params", {}))
     results = {}
 

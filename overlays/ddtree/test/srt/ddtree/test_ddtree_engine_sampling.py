@@ -8,8 +8,9 @@ next-token distributions are far from uniform (top token about 0.45), so the
 test has power. Servers, one after another: plain SGLang (validates the
 reference itself), DDTree with the dense sampling verify (SGLang's kernel
 semantics, the torch twin on CPU) on a large and a small tree, and a negative
-control (``--speculative-accept-threshold-acc 0.5``, lossy by construction)
-that the same test must reject.
+control (threshold_acc 0.5, lossy by construction; forced by the test hook
+``DDTREE_TEST_THRESHOLD_ACC``, since a DDTree server refuses
+``--speculative-accept-threshold-acc`` below 1) that the same test must reject.
 
 Sample sizes (``cpu_engine.sampling.detectable_effect``, 99% power): n = 1000 per
 lossless server detects a distortion of Cohen's w >= 0.28 at the test's level
@@ -86,8 +87,9 @@ SERVERS = {
         ("--speculative-dflash-tree-budget", "4", "--speculative-dflash-tree-topk",
          "2"), None, REQUESTS
     ),
+    # The server refuses the flag under DDTree: the test hook forces it.
     "ddtree-threshold-acc-0.5": (
-        ("--speculative-accept-threshold-acc", "0.5"), None, CONTROL_REQUESTS
+        (), {"DDTREE_TEST_THRESHOLD_ACC": "0.5"}, CONTROL_REQUESTS
     ),
 }
 # The sampling parameters on both tree sizes.

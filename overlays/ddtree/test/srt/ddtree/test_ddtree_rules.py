@@ -46,6 +46,8 @@ def test_a_launch_ddtree_can_serve_has_no_refusal():
         ({"block_size": 1}, "block size >= 2"),
         ({"block_verification": True}, "block-verification"),
         ({"budget": None, "topk": 4}, "tree-topk requires"),
+        ({"accept_threshold_single": 0.9}, "--speculative-accept-threshold-single 0.9"),
+        ({"accept_threshold_acc": 0.5}, "--speculative-accept-threshold-acc 0.5 would"),
     ],
 )
 def test_each_rule_names_the_flag(fields, message):
@@ -194,3 +196,18 @@ def test_the_dispatch_cap_is_read_from_the_backends_variable():
     assert ddtree_rules.dispatch_cap_of("nixl", env) is None
     assert ddtree_rules.dispatch_cap_of("none", env) is None
     assert ddtree_rules.dispatch_cap_of(None, env) is None
+
+
+def test_lossy_accept_thresholds_are_refused_only_under_ddtree():
+    """Below 1.0 the dense tree verify would apply them and the memory-light one
+    (larger batches) would not: the distribution would follow the batch size."""
+    both = DDTreeLaunch(budget=8, accept_threshold_single=0.9, accept_threshold_acc=0.5)
+    (reason,) = ddtree_launch_refusals(both)
+    assert (
+        "--speculative-accept-threshold-single 0.9 and "
+        "--speculative-accept-threshold-acc 0.5 would make it lossy"
+    ) in reason
+    linear = DDTreeLaunch(budget=None, accept_threshold_single=0.9)
+    assert ddtree_launch_refusals(linear) == []
+    exact = DDTreeLaunch(budget=8, accept_threshold_single=1.0, accept_threshold_acc=1)
+    assert ddtree_launch_refusals(exact) == []

@@ -10,8 +10,9 @@ Three checkpoints, each with one clear error per unsupported setting:
     worker starts and knows the target (vocabulary, attention backend, model
     family) and the draft (its proposal head).
   * ``ddtree_request_error``: per request, for parameters the tree verify
-    cannot serve exactly (penalties); the scheduler aborts that request and
-    keeps serving the others.
+    cannot serve exactly (penalties, logit processors that read the request,
+    seeded sampling, sampled sampling masks); the scheduler aborts that
+    request and keeps serving the others.
 
 Why W can exceed budget + 1: the draft block writes block_size KV slots from
 the prefix on, and those slots must lie inside the verify window the scheduler
@@ -69,6 +70,8 @@ def resolve_ddtree_server_args(
         attn_dp_size=int(cfg.attn_dp_size or 1),
         tp_size=int(cfg.tp_size or 1),
         dispatch_cap=dispatch_cap_of(cfg.moe_a2a_backend, os.environ),
+        accept_threshold_single=float(cfg.speculative_accept_threshold_single),
+        accept_threshold_acc=float(cfg.speculative_accept_threshold_acc),
     )
     _raise_refusals(launch)
     if budget is None:
@@ -221,14 +224,31 @@ PATH_DEPENDENT_PARAMS = (
 )
 
 
-def ddtree_request_error(req: Any) -> Optional[str]:
+def ddtree_request_error(
+    req: Any,
+    *,
+    deterministic: Optional[bool] = None,
+    load_processor: Optional[Callable[[str], type]] = None,
+) -> Optional[str]:
     """Why the tree verify cannot serve ``req`` (a scheduler Req), or None.
 
-    Grammars, logprobs, logit bias and custom logit processors are served.
-    Penalties are not: plain decoding updates them after every token, while a
-    verify applies the state before the step to every tree node, so a
-    penalised request would be served from another distribution (linear
-    DFlash does exactly that; DDTree refuses instead).
+    Grammars, logprobs and logit bias are served. Not served, each because a
+    verify applies one state to every tree row while plain decoding moves it
+    after every token, or because the tree verify has no way to reproduce it:
+      * penalties (linear DFlash applies them stale; DDTree refuses);
+      * a custom logit processor, unless it declares itself stateless
+        (``custom_processor_error``);
+      * a sampled request under --enable-deterministic-inference: plain
+        decoding draws it from its ``sampling_seed`` (42 when unset), the tree
+        verify's coins are not seeded;
+      * ``return_sampling_mask`` on a sampled request: SGLang captures linear
+        DFlash's top-k-first target, not the one DDTree samples from, and
+        aborts a request whose token falls outside it (greedy: served).
+
+    deterministic: --enable-deterministic-inference (None: read it from
+    SGLang's runtime context, only for a sampled request).
+    load_processor: serialized processor -> its class (None: as SGLang's
+    ``CustomLogitProcessor.from_str`` loads it).
     """
     params = req.sampling_params
     used = [
@@ -243,4 +263,87 @@ def ddtree_request_error(req: Any) -> Optional[str]:
             "draft token, not plain decoding's; send it without them or to a "
             "server without --speculative-dflash-tree-budget."
         )
+    serialized = getattr(req, "custom_logit_processor", None)
+    if serialized:
+        error = custom_processor_error(serialized, load_processor or _processor_class)
+        if error is not None:
+            return error
+    sampled = getattr(params, "top_k", 1) != 1
+    if sampled and (_deterministic() if deterministic is None else deterministic):
+        return (
+            "DDTree speculative decoding does not support sampled requests with "
+            "--enable-deterministic-inference: plain decoding draws them from "
+            "their sampling_seed (42 when unset), the tree verify's coins are "
+            "not seeded; send it with temperature 0 or to a server without "
+            "--speculative-dflash-tree-budget."
+        )
+    if sampled and getattr(req, "return_sampling_mask", False):
+        return (
+            "DDTree speculative decoding does not support return_sampling_mask "
+            "for sampled requests: the captured mask is linear DFlash's "
+            "top-k-first target, not the distribution DDTree samples from; "
+            "send it with temperature 0 or to a server without "
+            "--speculative-dflash-tree-budget."
+        )
     return None
+
+
+# SGLang's own processors whose output depends only on the logits row and the
+# request's custom_params: (module, class name).
+STATELESS_PROCESSORS = frozenset(
+    {
+        (
+            "sglang.srt.sampling.custom_logit_processor",
+            "DisallowedTokensLogitsProcessor",
+        )
+    }
+)
+
+
+def custom_processor_error(
+    serialized: str, load_processor: Callable[[str], type]
+) -> Optional[str]:
+    """Why DDTree refuses this custom logit processor, or None.
+
+    A verify calls the processor once for all tree rows with the request as it
+    stood before the step (its ``__req__``: ``output_ids`` and the rest), so a
+    processor reading that state (SGLang's ThinkingBudgetLogitProcessor counts
+    ``output_ids``) would see the wrong tokens on every row below the root.
+    Served: SGLang's DisallowedTokensLogitsProcessor and any class that
+    declares ``stateless = True`` (it reads only the logits and its
+    custom_params).
+    """
+    try:
+        cls = load_processor(serialized)
+    except Exception as exc:  # what SGLang's from_str would raise later
+        return (
+            "DDTree speculative decoding could not load the request's custom "
+            f"logit processor to check it is stateless: {exc!r}."
+        )
+    if (cls.__module__, cls.__qualname__) in STATELESS_PROCESSORS:
+        return None
+    if getattr(cls, "stateless", False) is True:
+        return None
+    return (
+        f"DDTree speculative decoding does not support the custom logit "
+        f"processor {cls.__qualname__}: its verify calls it with the request's "
+        "state before the step for every draft token; declare `stateless = "
+        "True` on a processor that reads only the logits and its custom_params, "
+        "or send it to a server without --speculative-dflash-tree-budget."
+    )
+
+
+def _processor_class(serialized: str) -> type:
+    """The class a serialized processor names, loaded as SGLang's
+    ``CustomLogitProcessor.from_str`` loads it (json, then dill)."""
+    import json
+
+    import dill
+
+    return dill.loads(bytes.fromhex(json.loads(serialized)["callable"]))
+
+
+def _deterministic() -> bool:
+    from sglang.srt.runtime_context import get_exec
+
+    return bool(get_exec().deterministic.enable_deterministic_inference)

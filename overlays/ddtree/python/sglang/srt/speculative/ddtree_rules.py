@@ -74,6 +74,8 @@ class DDTreeLaunch:
     tp_size:           --tp-size
     dispatch_cap:      the backend's dispatch cap variable (``dispatch_cap_of``;
                        None: unset, DISPATCH_CAP_DEFAULT)
+    accept_threshold_single / accept_threshold_acc:
+                       --speculative-accept-threshold-single / -acc
     """
 
     budget: Optional[int]
@@ -92,6 +94,8 @@ class DDTreeLaunch:
     attn_dp_size: int = 1
     tp_size: int = 1
     dispatch_cap: Optional[int] = None
+    accept_threshold_single: float = 1.0
+    accept_threshold_acc: float = 1.0
 
 
 def ddtree_launch_refusals(launch: DDTreeLaunch) -> List[str]:
@@ -130,7 +134,9 @@ def ddtree_launch_refusals(launch: DDTreeLaunch) -> List[str]:
     backend = verify_backend_refusal(launch.verify_backend, launch.is_mla)
     reasons += [backend] if backend else []
     dispatch = dispatch_refusal(launch)
-    return reasons + ([dispatch] if dispatch else [])
+    reasons += [dispatch] if dispatch else []
+    threshold = accept_threshold_refusal(launch)
+    return reasons + ([threshold] if threshold else [])
 
 
 def ddtree_verify_width(budget: int, block_size: int) -> int:
@@ -251,6 +257,31 @@ def dispatch_refusal(launch: DDTreeLaunch) -> Optional[str]:
             f"{shown}{budget.cap}; set {budget.env_var}={budget.tokens}."
         )
     return None
+
+
+def accept_threshold_refusal(launch: DDTreeLaunch) -> Optional[str]:
+    """Why lossy accept thresholds are refused (None: both are 1.0).
+
+    Below 1.0 they accept draft tokens plain decoding would not sample; the
+    dense tree verify applies them, the memory-light one (one target sample
+    per slot, used for larger batches) cannot, so the output distribution
+    would depend on the batch size.
+    """
+    flags = [
+        f"--speculative-accept-threshold-{name} {value}"
+        for name, value in (
+            ("single", launch.accept_threshold_single),
+            ("acc", launch.accept_threshold_acc),
+        )
+        if float(value) != 1.0
+    ]
+    if launch.budget is None or not flags:
+        return None
+    return (
+        f"DDTree serves plain decoding's distribution only: {' and '.join(flags)} "
+        "would make it lossy, and differently so at different batch sizes (its "
+        "memory-light verify cannot apply thresholds); use 1.0."
+    )
 
 
 HYBRID_REFUSAL = (

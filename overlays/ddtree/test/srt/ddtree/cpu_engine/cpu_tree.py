@@ -23,8 +23,9 @@ path there. :func:`prepare_cpu_tree` copies a ``python/`` directory (the one hol
    groups, so TP > 1 runs on CPU (stock creates one for any multi-rank group);
 10. ``speculative/ddtree_worker.py``: calls into ``ddtree_test_hooks`` (copied
     beside it from this directory): per-rank records of the committed tokens,
-    per-rank coins, a shifted-mask control, a sibling-swapped grammar control
-    and an accept-sync control, each off unless its environment variable is set
+    per-rank coins, a shifted-mask control, a sibling-swapped grammar control,
+    an accept-sync control and a lossy-threshold control, each off unless its
+    environment variable is set
     (see that module);
 11. attention DP on CPU (``--attn-dp-size``, with ``--ep-size``): the
     torch_native backend's CPU fill value for padded requests; ``reduce_scatterv``
@@ -421,6 +422,14 @@ CHANGES: tuple[Change, ...] = (
         "        from sglang.srt.speculative import ddtree_test_hooks  # test-only\n\n"
         "        tp_sync = ddtree_test_hooks.accept_sync(tp_sync)\n"
         "        step = self._step\n        s = self.config.num_speculative_tokens\n",
+        optional=True,
+    ),
+    Change(
+        "ddtree_worker: test hook on the sampled accept's threshold (lossy control)",
+        _DDTREE_WORKER,
+        "        tp_sync = ddtree_test_hooks.accept_sync(tp_sync)\n",
+        "        tp_sync = ddtree_test_hooks.accept_sync(tp_sync)\n"
+        "        threshold_acc = ddtree_test_hooks.threshold_acc(threshold_acc)\n",
         optional=True,
     ),
     Change(

@@ -19,6 +19,10 @@ environment asks for it:
     DDTree's own accept broadcast is skipped (SGLang's other sync sites stay
     as ``SGLANG_SPEC_TP_SYNC`` sets them), a control that per-rank coins must
     make the ranks diverge.
+``DDTREE_TEST_THRESHOLD_ACC=<t>``
+    the sampled accept runs with threshold_acc t (lossy below 1), a control
+    the sampling tests must reject; a server no longer takes a threshold
+    below 1 under DDTree (``ddtree_rules.accept_threshold_refusal``).
 ``DDTREE_TEST_GRAMMAR=swap-siblings``
     the grammar's mask is built over the tree with sibling tokens swapped in
     pairs (each node masked by its sibling's path: a mask over the wrong node
@@ -88,3 +92,10 @@ def accept_sync(tp_sync):
     """The worker's SpecTpSync for DDTree's accept, or None when
     DDTREE_TEST_ACCEPT_SYNC=off (the control)."""
     return None if os.environ.get("DDTREE_TEST_ACCEPT_SYNC") == "off" else tp_sync
+
+
+def threshold_acc(value: float) -> float:
+    """The sampled accept's threshold_acc: the server's, or t when
+    DDTREE_TEST_THRESHOLD_ACC=t (the lossy control)."""
+    forced = os.environ.get("DDTREE_TEST_THRESHOLD_ACC")
+    return value if not forced else max(float(forced), 1e-9)
