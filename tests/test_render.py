@@ -303,11 +303,11 @@ def test_render_and_launch_refuse_an_over_budget_dp_launch_before_touching_a_hos
         result = cli(command, "--host", "b300", "--topology", "ep8", *sets)
         assert result.code == 9, result
         assert result.stderr.count("\n") == 1, result.stderr
-        assert result.stderr.startswith("ddeploy: error: [b300] topology ep8: DDTree's verify buffers need ~21.99 GiB")
+        assert result.stderr.startswith("ddeploy: error: [b300] topology ep8: DDTree's verify buffers need ~22.15 GiB")
         assert "per DP rank, for its max_running_requests 384 / attn_dp_size 8 = 48 requests" in result.stderr
     # The same TP launch is refused the same way, its estimate per GPU.
     result = cli("launch", "--host", "b300", "--topology", "tp8", "--set", "tree_budget=512")
-    assert result.code == 9 and "need ~21.99 GiB per GPU (the verify logits" in result.stderr, result
+    assert result.code == 9 and "need ~22.15 GiB per GPU (the verify logits" in result.stderr, result
 
 
 @pytest.mark.parametrize(
@@ -512,7 +512,7 @@ def test_a_topology_name_that_is_not_a_plain_file_name_is_refused(tmp_path):
 
 @pytest.mark.parametrize(
     "host,width,total_gib,headroom_gib",
-    [("rtx6000", 65, 3.38, 11.52), ("b300", 129, 6.00, 43.20)],
+    [("rtx6000", 65, 3.50, 11.52), ("b300", 129, 6.12, 43.20)],
 )
 def test_tree_memory_estimate_of_the_shipped_profiles(host, width, total_gib, headroom_gib):
     (unit,) = _render(host, "tp8")
@@ -521,7 +521,8 @@ def test_tree_memory_estimate_of_the_shipped_profiles(host, width, total_gib, he
     # verify logits: 48 requests x W x 163,840 x 4 B; mask: 48 x W x (262,144 + W) B.
     logits, mask, sampling = (t.bytes for t in m.terms)
     assert logits == 48 * width * 163_840 * 4 and mask == 48 * width * (262_144 + width)
-    assert sampling == (2**26 // (width * 163_840)) * width * 163_840 * 4 * 3  # memory-light
+    # memory-light, two full chunks (the previous chunk's probabilities beside the next target): 3.5 buffers
+    assert sampling == (2**26 // (width * 163_840)) * width * 163_840 * 4 * 7 // 2
     assert round(m.total / 2**30, 2) == total_gib and round(m.headroom / 2**30, 2) == headroom_gib
 
 
@@ -535,8 +536,8 @@ def test_tree_memory_under_attention_dp_is_per_dp_rank():
     assert logits == 6 * 129 * 163_840 * 4 == 507_248_640  # 0.47 GiB
     assert mask == 6 * 129 * (262_144 + 129) == 202_999_302  # 0.19 GiB
     # 6 x 129 x 163,840 = 126,812,160 elements > 2^26: memory-light, 2^26 // (129 x 163,840) = 3 requests.
-    assert m.terms[2].name == "sampling (memory-light)" and sampling == 3 * 129 * 163_840 * 4 * 3 == 760_872_960
-    assert m.total == 1_471_120_902 and m.fits  # 1.37 GiB of 21.60
+    assert m.terms[2].name == "sampling (memory-light)" and sampling == 3 * 129 * 163_840 * 4 * 7 // 2 == 887_685_120
+    assert m.total == 1_597_933_062 and m.fits  # 1.49 GiB of 21.60
     # ep16-2node: 48 // 16 = 3 requests per DP rank, dense sampling (63,406,080 elements).
     for node in render_plan([PAIRS.get("b300-a"), PAIRS.get("b300-b")], "ep16-2node"):
         assert node.memory.requests == 3 and node.memory.terms[2].name == "sampling (dense)"
@@ -550,9 +551,9 @@ def test_tree_memory_under_attention_dp_is_per_dp_rank():
 
 def test_a_budget_the_tp_layout_refuses_fits_per_dp_rank():
     """tree_budget 512 on a B300: TP 8 verifies all 48 requests per GPU (refused), EP 8's DP ranks 6."""
-    assert "need ~21.99 GiB per GPU" in _error("b300", "tp8", "tree_budget=512")
+    assert "need ~22.15 GiB per GPU" in _error("b300", "tp8", "tree_budget=512")
     (unit,) = _render("b300", "ep8", "tree_budget=512")
-    assert round(unit.memory.total / 2**30, 2) == 3.57
+    assert round(unit.memory.total / 2**30, 2) == 3.73
 
 
 def test_explain_labels_the_dp_estimate_per_dp_rank(cli):
@@ -562,8 +563,8 @@ def test_explain_labels_the_dp_estimate_per_dp_rank(cli):
     assert ["unit", "DDTree", "verify", "memory", "per", "DP", "rank", "estimate", "of", "headroom"] in lines
     assert ["b300-ep8", "verify", "logits", "0.47", "GiB", "1%"] in lines
     assert ["b300-ep8", "tree", "mask", "0.19", "GiB", "0%"] in lines
-    assert ["b300-ep8", "sampling", "(memory-light)", "0.71", "GiB", "2%"] in lines
-    total = "b300-ep8 total per DP rank (W = 129, 6 requests = 48 / attn_dp_size 8) 1.37 GiB 3%".split()
+    assert ["b300-ep8", "sampling", "(memory-light)", "0.83", "GiB", "2%"] in lines
+    total = "b300-ep8 total per DP rank (W = 129, 6 requests = 48 / attn_dp_size 8) 1.49 GiB 3%".split()
     assert total in lines
     assert any(ln[:3] == ["b300-ep8", "headroom", "(1"] and "43.20" in ln for ln in lines)
     tp = cli("render", "--host", "b300", "--topology", "tp8", "--explain").stdout
@@ -572,7 +573,7 @@ def test_explain_labels_the_dp_estimate_per_dp_rank(cli):
 
 def test_a_tree_that_does_not_fit_is_refused_naming_the_dominant_term():
     msg = _error("rtx6000", "tp8", "tree_budget=512")
-    assert "DDTree's verify buffers need ~21.99 GiB per GPU (the verify logits, 15.03 GiB, dominates)" in msg
+    assert "DDTree's verify buffers need ~22.15 GiB per GPU (the verify logits, 15.03 GiB, dominates)" in msg
     assert "half of the 11.52 GiB SGLang leaves outside mem_fraction_static 0.88" in msg
     assert msg.endswith("lower max_running_requests or tree_budget, or mem_fraction_static")
     # The same budget fits with fewer concurrent requests, and on a B300.
@@ -590,5 +591,5 @@ def test_explain_prints_the_memory_estimate_beside_the_headroom(cli):
     assert result.code == 0, result
     lines = [ln.split() for ln in result.stdout.splitlines()]
     assert ["b300-tp8", "verify", "logits", "3.78", "GiB", "9%"] in lines
-    assert ["b300-tp8", "total", "(W", "=", "129)", "6.00", "GiB", "14%"] in lines
+    assert ["b300-tp8", "total", "(W", "=", "129)", "6.12", "GiB", "14%"] in lines
     assert any(ln[:3] == ["b300-tp8", "headroom", "(1"] and "43.20" in ln for ln in lines)

@@ -9,11 +9,34 @@ GPU verifies at once:
                     holds all of the vocabulary for its rows)
   tree mask         R x W x (context + W) x 1 B (the Triton backend's FULL_MASK buffer,
                     `verify_mask.tree_mask_numel`, allocated for CUDA graphs)
-  sampling          the larger of the two sampling verify paths, which never run together:
-                    dense, min(R x W x vocab, 2^26) x 4 B of probabilities; memory-light (above
-                    2^26 elements), rows x vocab x 4 B x 3 (probabilities, their top-k/top-p
-                    renormalisation, the exponential race) for `rows` = whole requests in 2^26
-                    elements (at least one request)
+  sampling          what one sampling verify step allocates over [rows, vocab] beside the logits
+                    (`sampling_bytes`, below); the two paths never run together
+
+Sampling, counted from the overlay's code (ddtree 0.2.18 on, commit 65932f7: the sort-free target of
+`ddtree_sampling.plain_sampling_probs`, `ddtree_worker.DDTreeVerifier._accept_sampled`), in float32
+[rows, V] buffers B = rows x V x 4 B, whatever the logits' dtype (a bf16 logits row is cast first;
+the cast and the temperature-scaled copy are the 2 alive before the softmax frees one):
+
+  target            softmax probabilities (1) + one float32 scratch (the bisection's 0/1 masks, then
+                    the int32 tie count) (1) + two bool [rows, V] masks (2 x 0.25): 2.5 B at peak
+                    (2 during the softmax; min_p alone 1.25). The top-k-bounded path keeps the same
+                    2.5 B while its [rows, max_top_k] topk values are small (max_top_k << V).
+  dense             R x V <= 2^26 elements (R = requests x W): the target over all R rows (2.5 B),
+                    then the verify's zero draft probabilities beside the target (2 B): 2.5 x R x V x 4 B
+  memory-light      chunks of c = max(1, 2^26 // (W x V)) x W rows (whole requests): each chunk's
+                    target (2.5 c) while the previous chunk's probabilities are still bound (1 c), and
+                    the exponential race (probabilities, race, their quotient: 3 c):
+                    max(3 c, c + 2.5 min(c, R - c)) x V x 4 B; 3.5 x c x V x 4 B from two full chunks
+
+At Kimi's sizes (V = 163,840): B300 budget 128, W = 129, 48 requests (tp8): R = 6,192 rows > 2^26 /
+V, memory-light, c = 3 x 129 = 387 rows, 3.5 x 387 x 163,840 x 4 B = 0.83 GiB; ep8 (6 requests per
+DP rank, 774 rows, two chunks) the same 0.83 GiB; ep16-2node (3 requests, 387 rows, dense) 2.5 x 387
+x 163,840 x 4 B = 0.59 GiB. RTX PRO 6000 budget 64, W = 65, 48 requests: R = 3,120 rows, c = 6 x 65 =
+390 rows, 3.5 x 390 x 163,840 x 4 B = 0.83 GiB. tests/test_tree_memory_measured.py runs the
+overlay's sampled accept on CPU at a reduced size and holds this estimate within 10% of its
+measured peak.
+Not counted: the topk path's [rows, max_top_k] float32/float64 values, small while every request's
+top_k is (top_k 40: 2.50 buffers measured) but 4.66 buffers at max_top_k = V / 2.
 
 R per GPU:
   plain TP          R = max_running_requests: one scheduler, every TP rank verifies the whole batch.
@@ -102,16 +125,41 @@ def tree_memory(v: dict[str, Any], gpu_memory_gib: float | None) -> TreeMemory |
     dp = v["attn_dp_size"]
     bs = requests_per_gpu(v["max_running_requests"], dp)
     vocab, context = v["model_vocab_size"], v["model_context_length"]
-    rows = max(1, LIGHT_CHUNK_ELEMENTS // (width * vocab)) * width
-    dense = bs * width * vocab <= DENSE_SAMPLING_MAX_ELEMENTS
-    sampling = bs * width * vocab * 4 if dense else rows * vocab * 4 * 3
+    path, sampling = sampling_bytes(bs, width, vocab)
     terms = (
         Term("verify logits", bs * width * vocab * 4, "max_running_requests or tree_budget"),
         Term("tree mask", bs * width * (context + width), "max_running_requests or tree_budget"),
-        Term("sampling (dense)" if dense else "sampling (memory-light)", sampling, "tree_budget"),
+        Term(f"sampling ({path})", sampling, "tree_budget"),
     )
     headroom = int(gpu_memory_gib * GIB * (1 - v["mem_fraction_static"]))
     return TreeMemory(width, terms, headroom, bs, v["max_running_requests"], dp)
+
+
+# float32 [rows, V] buffers alive at the peak of the sort-free sampling target, beside the logits:
+# probabilities, one scratch, two bool masks (see the module docstring).
+TARGET_BUFFERS = 2.5
+# The memory-light chunk's exponential race: probabilities, the race, their quotient.
+RACE_BUFFERS = 3
+
+
+def sampling_bytes(
+    requests: int,
+    width: int,
+    vocab: int,
+    dense_max_elements: int = DENSE_SAMPLING_MAX_ELEMENTS,
+    chunk_elements: int = LIGHT_CHUNK_ELEMENTS,
+) -> tuple[str, int]:
+    """("dense" or "memory-light", peak bytes) of one sampling verify step over R = requests x W
+    rows of V float32 probabilities, beside the verify logits (module docstring, "Sampling")."""
+    rows = requests * width
+    row_bytes = vocab * 4
+    if rows * vocab <= dense_max_elements:
+        return "dense", int(TARGET_BUFFERS * rows * row_bytes)
+    chunk = max(1, chunk_elements // (width * vocab)) * width
+    peak = RACE_BUFFERS * min(chunk, rows)
+    if rows > chunk:  # the previous chunk's probabilities are bound while the next is built
+        peak = max(peak, chunk + TARGET_BUFFERS * min(chunk, rows - chunk))
+    return "memory-light", int(peak * row_bytes)
 
 
 def requests_per_gpu(max_running_requests: int, attn_dp_size: int) -> int:
