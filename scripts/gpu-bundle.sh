@@ -3,7 +3,9 @@
 #   bash scripts/gpu-bundle.sh OUT.tar.gz
 # On the GPU machine: tar xzf OUT.tar.gz && python gpu-check/run.py
 # Carries: the overlay's DDTree modules and kernel sources, the SGLang 0.5.23 files the JIT
-# loader and the Triton attention kernels need (copied from the base tree now), the wheels
+# loader and the Triton attention kernels need (copied from the base tree now; the DeepEP
+# dispatcher's source for check (h), read, never imported, and the Triton renorm kernels for
+# check (i) when flashinfer is absent), the wheels
 # beyond torch/numpy/triton, and scripts/gpu_bundle/*.py.
 # Env: PYTHON (a python with pip; default python3), GPU_BUNDLE_PYTHON (default 3.12, the GPU
 # machine's python), SGLANG_BASE (the base tree's python/sglang; default
@@ -23,6 +25,8 @@ sglang_files=(
   kernels/jit/utils/deps.py
   kernels/ops/attention/extend_attention.py kernels/ops/attention/decode_attention.py
   kernels/ops/attention/score_mod.py
+  kernels/ops/sampling/renorm_triton.py
+  srt/layers/moe/token_dispatcher/deepep.py
 )
 
 [[ -f $base/kernels/jit/utils/compile/loader.py ]] || {

@@ -13,7 +13,10 @@ sglang) it
      torch twin with the same coins: exact equality of predicts / accept_index / accept_token_num,
   4. prints a timing table: torch batched builder on the GPU vs the kernel,
      bs in {1, 16, 64} x budget in {16, 64, 256},
-  5. with --serve, serves the overlay's tiny models in real SGLang servers on this GPU:
+  5. checks (h)-(j) of scripts/gpu_bundle/targets.py: the DeepEP dispatch cap as SGLang parses
+     it, the sampling target vs flashinfer's renorm kernels, its cost vs linear DFlash's verify
+     target at R = 48 x 129, V = 163,840 (PASS / FAIL / SKIPPED (reason) each; --skip-targets),
+  6. with --serve, serves the overlay's tiny models in real SGLang servers on this GPU:
      greedy DDTree (CUDA graphs on and off) equals plain decoding, the sampling verify runs
      SGLang's kernel, accept length and step time DDTree vs linear DFlash
      (scripts/gpu_serve_check.py; needs SGLang's runtime packages in this python).
@@ -204,6 +207,7 @@ def main() -> int:
     parser.add_argument("--serve", action="store_true",
                         help="also serve tiny models with DDTree in a real SGLang server (gpu_serve_check.py)")
     parser.add_argument("--serve-logs", type=Path, default=Path("gpu-serve-logs"))
+    parser.add_argument("--skip-targets", action="store_true", help="skip checks (h)-(j) (targets.py)")
     args = parser.parse_args()
     try:
         import torch
@@ -221,6 +225,13 @@ def main() -> int:
     check_exactness(torch, mods, args.batches)
     verified = check_verify(torch, mods, args.sampling_trials)
     print(timing_table(torch, mods))
+    if not args.skip_targets:
+        here = Path(__file__).resolve().parent
+        sys.path.insert(0, str(here / "gpu_bundle" if (here / "gpu_bundle").is_dir() else here))
+        import targets
+
+        if not targets.run_checks(log):
+            fail("a check of (h)-(j) FAILED (see above)")
     if args.serve:
         from gpu_serve_check import serving_check
 

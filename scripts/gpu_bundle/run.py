@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """The DDTree GPU check, run from its bundle on a bare GPU machine (torch, nvcc, Triton).
 
-    tar xzf gpu-check.tar.gz && python gpu-check/run.py
+    tar xzf gpu-check.tar.gz && python gpu-check/run.py [--checks-only]
 
 Installs the carried wheels into gpu-check/site (pip --no-index --no-deps --target),
 imports the DDTree modules and SGLang's JIT loader and Triton attention kernels without
 SGLang's package init (shells.py), prints one line per component, then runs parts (a)-(g)
-of parts.py on the GPU, one table per part. nvcc comes from $CUDA_HOME / $CUDA_PATH, else
-PATH, the way SGLang's loader resolves it. Exit: 0 every comparison exact; 1 a comparison
+of parts.py on the GPU, one table per part, then checks (h)-(j) of targets.py (the dispatch
+cap, the sampling target; a PASS / FAIL / SKIPPED (reason) line each; --checks-only: these
+alone). nvcc comes from $CUDA_HOME / $CUDA_PATH, else
+PATH, the way SGLang's loader resolves it. Exit: 0 every comparison exact and no check
+FAILed (SKIPPED does not fail); 1 a comparison
 failed or a component is missing; 2 no CUDA device.
 """
 
@@ -164,13 +167,17 @@ def main() -> int:
     for line in lines:
         say(f"import {line}")
     import parts
+    import targets
     import torch
 
     say(f"import GPU check parts {' '.join(f.__name__ for f in parts.PARTS)} {parts.__file__}")
+    say(f"import GPU checks {' '.join(f.__name__ for f in targets.CHECKS)} {targets.__file__}")
     if not torch.cuda.is_available():
         say("no CUDA device (torch.cuda.is_available() is False): imports OK, GPU parts not run")
         return ExitStatus.NO_CUDA
-    return ExitStatus.OK if parts.run_all(say) else ExitStatus.FAILED
+    parts_ok = "--checks-only" in sys.argv[1:] or parts.run_all(say)
+    checks_ok = targets.run_checks(say)
+    return ExitStatus.OK if parts_ok and checks_ok else ExitStatus.FAILED
 
 
 if __name__ == "__main__":
