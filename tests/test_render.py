@@ -297,8 +297,10 @@ def test_the_rules_come_from_the_newest_release():
 
 def test_render_and_launch_refuse_an_over_budget_dp_launch_before_touching_a_host(cli):
     """As for TP (exit 9, one line): launch renders before it connects (b300's address is a
-    placeholder, so getting past the render would be a connection error, not this one)."""
-    sets = ("--set", "max_running_requests=384", "--set", "tree_budget=512")
+    placeholder, so getting past the render would be a connection error, not this one). DeepEP's
+    normal mode has no low-latency dispatch cap (tests/test_render_dispatch.py), so the memory
+    rule is the one that refuses."""
+    sets = ("--set", "max_running_requests=384", "--set", "tree_budget=512", "--set", "deepep_mode=normal")
     for command in ("render", "launch"):
         result = cli(command, "--host", "b300", "--topology", "ep8", *sets)
         assert result.code == 9, result
@@ -544,15 +546,17 @@ def test_tree_memory_under_attention_dp_is_per_dp_rank():
     # SGLang's split floors, and gives every DP rank at least one request.
     assert _render("b300", "ep8", "max_running_requests=4")[0].memory.requests == 1
     assert _render("b300", "ep8", "max_running_requests=20")[0].memory.requests == 2
-    # Attention-TP 2 (tp 8, attn_dp 4): 12 requests, the logits still over the whole vocabulary.
-    (half,) = _render("b300", "ep8", "attn_dp_size=4")
+    # Attention-TP 2 (tp 8, attn_dp 4): 12 requests, the logits still over the whole vocabulary
+    # (DeepEP's normal mode: 12 x 129 tokens per rank are over the low-latency dispatch cap).
+    (half,) = _render("b300", "ep8", "attn_dp_size=4", "deepep_mode=normal")
     assert half.memory.requests == 12 and half.memory.terms[0].bytes == 12 * 129 * 163_840 * 4
 
 
 def test_a_budget_the_tp_layout_refuses_fits_per_dp_rank():
     """tree_budget 512 on a B300: TP 8 verifies all 48 requests per GPU (refused), EP 8's DP ranks 6."""
     assert "need ~22.15 GiB per GPU" in _error("b300", "tp8", "tree_budget=512")
-    (unit,) = _render("b300", "ep8", "tree_budget=512")
+    # DeepEP's normal mode: 6 x 513 tokens per rank are over the low-latency dispatch cap.
+    (unit,) = _render("b300", "ep8", "tree_budget=512", "deepep_mode=normal")
     assert round(unit.memory.total / 2**30, 2) == 3.73
 
 
