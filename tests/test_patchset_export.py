@@ -62,6 +62,10 @@ def test_exported_set_has_headers_series_and_manifest(small_overlay, tmp_path, p
         [
             "python/sglang/srt/arg_groups/fields/spec.py",
             "python/sglang/srt/arg_groups/speculative_hook.py",
+            "python/sglang/srt/managers/scheduler_components/batch_result_processor.py",
+            "python/sglang/srt/managers/scheduler_components/internal_state.py",
+            "python/sglang/srt/managers/scheduler_components/metrics_reporter.py",
+            "python/sglang/srt/managers/tokenizer_manager.py",
             "python/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
             "python/sglang/srt/speculative/dflash_utils.py",
             "python/sglang/srt/speculative/dflash_worker_v2.py",

@@ -148,9 +148,11 @@ def dispatcher_source(name: str, path: Optional[Path] = None) -> tuple[Optional[
         why = f"{type(exc).__name__}: {exc}"
     if path is not None and path.is_file():
         return path.read_text(), f"source read from {path}; the module does not import: {why}"
+    rel = name.split(".")[2:] if name.startswith("sglang.srt.") else []
+    if not rel:  # not a module of sglang.srt: nowhere else to look
+        return None, f"{name} neither imports nor is on disk ({why})"
     try:
         srt = importlib.import_module("sglang.srt")
-        rel = name.split(".")[2:]
         for root in srt.__path__:
             path = Path(root).joinpath(*rel[:-1], rel[-1] + ".py")
             if path.is_file():
