@@ -1,6 +1,6 @@
 """Where a `ddeploy push` of one host spends its time (no-op and first): a timeline of the real CLI.
 
-    .venv/bin/python bench/push_timeline.py [--reps 9] [--checkout] [--baseline REV]
+    .venv/bin/python bench/push_timeline.py [--reps 9] [--rtt-ms 30] [--checkout] [--baseline REV]
 
 Starts one OpenSSH host (tests/sshd_hosts.py), pushes the generated 3-patch set once, then runs
 the no-op push --reps times as a subprocess whose first lines wrap a few functions to note when
@@ -11,7 +11,8 @@ the agent's start, the client ready to send its request, the agent call), in two
 bench_push times one (no kept connection, the checkout reset, the set not yet shipped): the
 connection master's start and connect, then the agent's start on the new connection; with
 --baseline, the same first push of that git revision right after it in every round (each in a
-venv of its own). Prints the medians as tables, beside one `ssh host true` in every round.
+venv of its own). --rtt-ms puts bench_push's delaying proxy (a link with that round trip)
+between the client and the host; 0, the default, is loopback. Prints the medians as tables, beside one `ssh host true` in every round.
 ddeploy runs as a user installs it (bench_push.install_ddeploy; --checkout: from this
 checkout's .venv). Asserts nothing about timing.
 """
@@ -34,7 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 from sshd_hosts import SshdFleet, build_test_patch_sets  # noqa: E402
 
-from bench_push import add_checkout_option, install_ddeploy, reset  # noqa: E402
+from bench_push import add_checkout_option, install_ddeploy, reset, through_link  # noqa: E402
+from delay_proxy import DelayProxy  # noqa: E402
 from deployer.cli.output import table  # noqa: E402
 
 # Runs before the CLI: wrap the steps to time (each note: name, ms since this line ran).
@@ -103,6 +105,7 @@ def main() -> None:
     ap.add_argument(
         "--baseline", metavar="REV", help="also time the first push of this git revision, alternately, in the same run"
     )
+    ap.add_argument("--rtt-ms", type=float, default=0.0, help="the link's round trip (0: loopback)")
     add_checkout_option(ap)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ddeploy-timeline-") as tmp:
@@ -119,9 +122,11 @@ def main() -> None:
         env["DDEPLOY_CONTROL_DIR"] = os.environ["DDEPLOY_CONTROL_DIR"] = str(Path(tmp) / "control")
         set_dir = build_test_patch_sets(Path(tmp) / "sets")["v2"]
         fleet = SshdFleet.start(Path(tmp) / "hosts", count=1, first_octet=35, prefix="t")
+        link = DelayProxy(args.rtt_ms / 1000) if args.rtt_ms else None
         try:
-            host = fleet.hosts[0]
-            argv = ["-i", str(fleet.inventory_dir), "push", "--version", str(set_dir), "--host", host.name]
+            view, link_line = through_link(fleet, link, Path(tmp) / "link")
+            host = view.hosts[0]
+            argv = ["-i", str(view.inventory_dir), "push", "--version", str(set_dir), "--host", host.name]
             # Run from tmp: `python -c` puts the working directory first on sys.path, and this
             # checkout's sources there would shadow the installed ddeploy.
             first = subprocess.run(
@@ -150,7 +155,7 @@ def main() -> None:
 
             for _ in range(args.reps):
                 t0 = time.perf_counter()
-                subprocess.run(["ssh", "-F", str(fleet.ssh_config), host.name, "true"], check=True)
+                subprocess.run(["ssh", "-F", str(view.ssh_config), host.name, "true"], check=True)
                 rtts.append(time.perf_counter() - t0)
                 for mode, extra in MODES.items():
                     timed(mode, extra, "already applied")
@@ -163,6 +168,8 @@ def main() -> None:
             from deployer.transport.control import disconnect
 
             disconnect()
+            if link is not None:
+                link.close()
             fleet.close()
     rtt = statistics.median(rtts)
     rows = [[label] for label, _, _ in ROWS] + [["interpreter start-up and teardown (wall minus the rest)"]]
@@ -177,6 +184,7 @@ def main() -> None:
     for mode in MODES:
         wall = statistics.median(walls[mode])
         print(f"  {mode}: {wall:.3f} s wall (process start to exit), {wall / rtt:.2f}x the round trip")
+    print(link_line)
     print(f"load average (1 min) {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     head = ["step (ms from the start of the command)"]
     for mode in MODES:
