@@ -1,15 +1,15 @@
 """ddeploy's host-side agent: one transaction per host per command (stdlib only, Python >= 3.8).
 
-Prints one JSON object on stdout ({"ok": true, ...} or {"ok": false, "error": {"kind",
-"message"}}) and progress lines on stderr. OPs: status, state, plan, push, rollback, log,
-lock-status, lock-release, push-build (deploys), sources, build (kernel builds), test (overlay
-tests), launch, logs, stop, wait, bench, bench-save (launched servers). The client runs it as
+Prints one JSON object on stdout ({"ok": true, ...} or {"ok": false, "error": {"kind", "message"}})
+and progress lines on stderr. OPs: status, state, plan, push, rollback, log, lock-status,
+lock-release, push-build (deploys), sources, build (kernel builds), test (overlay tests), launch,
+logs, stop, wait, drain, health, bench, bench-save (launched servers). The client runs it as
 `python -S -c BOOTSTRAP OP DIGEST`: the host keeps this package compiled under DIGEST, the sha256
 of its bundle of module sources, which the client sends on stdin only when the host does not have
 it yet; the JSON request (one line) follows on stdin, which the client keeps open until the reply:
 end of file there means the client has gone (client.py) (deployer/transport/agent_client.py,
-boot.py); `python -m deployer.agent OP` with the request on stdin runs it too. The reply shapes
-are the pydantic models of deployer/transport/protocol.py.
+boot.py); `python -m deployer.agent OP` with the request on stdin runs it too. The reply shapes are
+the pydantic models of deployer/transport/protocol.py.
 
 Why one program on the host: a push is a single round trip and a single transaction. Patch
 commits are built in a private index (the work tree is untouched until they all exist), the switch
@@ -54,9 +54,10 @@ One module per concern: common (errors, progress), repo (git), state (the state 
 (and mounts, the filesystem its errors name), transaction (journal and switch), patch_files (the
 set's patches on the host), base_gate, facts, plan and plan_diff, push (and pruning of dev
 snapshots), rollback, status, history (log), lock_commands, toolkit, build_plan, jit_cache and
-build (kernels), overlay_tests (pytest), bytecode (its cache), launch_record (the launch record and lock), units (unit
-files and processes), launch, serving (is it serving) and bench (servers), client (is the client
-still there), main (the entry point: each operation's module imported when it runs), boot
+build (kernels), overlay_tests (pytest), bytecode (its cache), launch_record (the launch record
+and lock), units (unit files and processes), launch, serving (is it serving), serving_checks
+(drain, health: is it idle, does it generate) and bench (servers), client (is the client still
+there), main (the entry point: each operation's module imported when it runs), boot
 (imports the bundle's compiled modules on the host). The modules import each other relatively,
 so the package runs under any name (`ddeploy_agent` on the host).
 """

@@ -30,6 +30,8 @@ OPS = {
     "logs": ("launch", "op_logs"),
     "stop": ("launch", "op_stop"),
     "wait": ("serving", "op_wait"),
+    "drain": ("serving_checks", "op_drain"),
+    "health": ("serving_checks", "op_health"),
     "bench": ("bench", "op_bench"),
     "bench-save": ("bench", "op_bench_save"),
 }
@@ -41,7 +43,7 @@ def operation(op: str):
 
 
 # Work on launches beside the checkout, not in it: the checkout need not exist.
-NO_CHECKOUT = ("launch", "logs", "stop", "wait", "bench")
+NO_CHECKOUT = ("launch", "logs", "stop", "wait", "drain", "health", "bench")
 
 
 # Interactive: they end with the client (a cut connection stops `logs --follow`).

@@ -22,7 +22,7 @@ from .units import stop_groups
 TAIL_LINES = 15
 
 
-def _request(url: str, payload=None):
+def server_request(url: str, payload=None):
     """A request to a unit's own server; only http:// URLs (the client builds them from render
     values), never file: or another scheme."""
     if not url.startswith("http://"):
@@ -33,7 +33,7 @@ def _request(url: str, payload=None):
 
 def http_json(url: str, payload=None, timeout: float = 30.0):
     """GET (or POST `payload`) a JSON endpoint of a local server."""
-    with urllib.request.urlopen(_request(url, payload), timeout=timeout) as resp:  # noqa: S310 (http only)
+    with urllib.request.urlopen(server_request(url, payload), timeout=timeout) as resp:  # noqa: S310 (http only)
         return json.loads(resp.read() or b"null")
 
 
@@ -44,7 +44,7 @@ def verify_calls(url: str):
     """SGLang's counter of verify steps over finished requests (/metrics, --enable-metrics), or
     None when the server exports no metrics."""
     try:
-        with urllib.request.urlopen(_request(url + "/metrics"), timeout=30) as resp:  # noqa: S310 (http only)
+        with urllib.request.urlopen(server_request(url + "/metrics"), timeout=30) as resp:  # noqa: S310 (http only)
             text = resp.read().decode(errors="replace")
     except (urllib.error.URLError, OSError, ValueError):
         return None
@@ -59,7 +59,7 @@ def verify_calls(url: str):
 
 def healthy(url: str) -> bool:
     try:
-        with urllib.request.urlopen(_request(url + "/health"), timeout=30) as resp:  # noqa: S310 (http only)
+        with urllib.request.urlopen(server_request(url + "/health"), timeout=30) as resp:  # noqa: S310 (http only)
             return resp.status == 200
     except (urllib.error.URLError, OSError, ValueError):
         return False
@@ -160,17 +160,23 @@ def wait_serving(record: dict, timeout: float, started_here: bool = False, inter
     return served
 
 
-def op_wait(repo: Repo, req: dict) -> dict:
-    """The last launch, once every unit is healthy (launch --wait, bench)."""
-    hold_launch_lock(req)
+def running_launch(name: str) -> dict:
+    """The host's last launch record while a unit of it runs (the caller holds the launch lock);
+    else StateError naming what to run first."""
     record = read_launch()
-    name = req["target"]["name"]
     if record is None or not alive_units(record):
         what = "nothing was launched" if record is None else "the last launch (%s) is not running" % record["topology"]
         raise Fail(
             "StateError",
             "%s on %s; run `ddeploy launch --host %s --topology TOPOLOGY --wait` first" % (what, name, name),
         )
+    return record
+
+
+def op_wait(repo: Repo, req: dict) -> dict:
+    """The last launch, once every unit is healthy (launch --wait, bench)."""
+    hold_launch_lock(req)
+    record = running_launch(req["target"]["name"])
     started_here = bool(req.get("started_here"))
     serving = wait_serving(record, float(req.get("timeout", 900)), started_here)
     return {"ok": True, "record": record, "serving": serving}

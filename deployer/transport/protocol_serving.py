@@ -1,6 +1,7 @@
 """The agent protocol's launch and bench replies: launched units, what they serve, the launch
-record (launch.json as the client sees it) and the benchmark's measurements. Re-exported by
-protocol.py."""
+record (launch.json as the client sees it), the serving checks (drain, health) and the
+benchmark's measurements. Imported from here: protocol.py cannot re-export them (this module
+builds on its Record and Reply)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,26 @@ class LaunchReply(Reply):
 class WaitReply(Reply):
     record: LaunchRecord
     serving: list[Serving]
+
+
+class DrainReply(Reply):
+    """`drain`: the units' requests at its last poll (SGLang's gauges, summed over the units)."""
+
+    drained: bool = Field(description="every unit read 0 running and 0 queued before the timeout")
+    running: int
+    queued: int
+    waited_s: float
+
+
+class UnitHealth(Record):
+    name: str
+    url: str
+    status: int | None = Field(default=None, description="/health_generate's HTTP status (200: it generated)")
+    error: str | None = Field(default=None, description="why no status came back (refused, timed out)")
+
+
+class HealthReply(Reply):
+    units: list[UnitHealth]
 
 
 class BenchRun(Record):

@@ -2,7 +2,9 @@
 
 import argparse
 import json
+import math
 import os
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -23,6 +25,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--speculative-dflash-tree-budget", type=int, default=None)
     p.add_argument("--speculative-dflash-tree-topk", type=int, default=None)
     p.add_argument("--attention-backend", default=None)
+    p.add_argument("--enable-metrics", action="store_true")
     args, _ = p.parse_known_args()  # the launch script's other flags are SGLang's, unused here
     return args
 
@@ -31,6 +34,33 @@ def config(args: argparse.Namespace) -> str:
     if not args.speculative_algorithm:
         return "plain"
     return "ddtree" if args.speculative_dflash_tree_budget else "linear"
+
+
+def release_file(name: str):
+    """The text of `sglang/<name>` in the SGLang tree the server imports from (the first entry of
+    PYTHONPATH that has it: the launch script puts `<checkout>/python` there), None without one: a
+    release changes the stand-in's answers as a broken release would change a real server's."""
+    for entry in filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+        path = os.path.join(entry, "sglang", name)
+        if os.path.isfile(path):
+            with open(path) as fh:
+                return fh.read().strip()
+    return None
+
+
+class InFlight:
+    """How many /generate requests the server is answering now (its `num_running_reqs`)."""
+
+    def __init__(self) -> None:
+        self.count, self.lock = 0, threading.Lock()
+
+    def __enter__(self) -> None:
+        with self.lock:
+            self.count += 1
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.count -= 1
 
 
 def mark(kind: str, name: str) -> int:
@@ -68,7 +98,11 @@ def main() -> None:
         "version": "0.5.23",
     }
     verified = [0]
-    diverges = name in os.environ.get("STANDIN_DIVERGE", "").split()
+    in_flight = InFlight()
+    told = name in os.environ.get("STANDIN_DIVERGE", "").split()
+    diverges = told or release_file("standin_diverge") is not None
+    accept = float(release_file("standin_accept") or 1.0)  # tokens per verify step
+    unhealthy = name in os.environ.get("STANDIN_UNHEALTHY", "").split()
 
     class Handler(BaseHTTPRequestHandler):
         def reply(self, code: int, body: bytes, kind: str = "application/json") -> None:
@@ -81,10 +115,14 @@ def main() -> None:
         def do_GET(self) -> None:
             if self.path == "/health":
                 self.reply(200 if time.time() >= ready_at else 503, b"")
+            elif self.path == "/health_generate":
+                self.reply(200 if time.time() >= ready_at and not unhealthy else 503, b"")
             elif self.path == "/server_info":
                 self.reply(200, json.dumps(info).encode())
-            elif self.path == "/metrics":
+            elif self.path == "/metrics" and args.enable_metrics:  # SGLang serves it only then
                 text = 'sglang:spec_verify_calls_total{model_name="x"} %d\n' % verified[0]
+                text += 'sglang:num_running_reqs{model_name="x"} %d\n' % in_flight.count
+                text += 'sglang:num_queue_reqs{model_name="x"} 0\n'
                 self.reply(200, text.encode(), "text/plain")
             else:
                 self.reply(404, b"{}")
@@ -94,14 +132,20 @@ def main() -> None:
             if self.path != "/generate":
                 self.reply(200, b"{}")
                 return
+            with in_flight:
+                self.generate(body)
+
+        def generate(self, body: dict) -> None:
             if name in os.environ.get("STANDIN_SLOW_GENERATE", "").split():
                 time.sleep(60)  # a server that stalls: bench's deadline must bound its greedy probes
             n = int(body.get("sampling_params", {}).get("max_new_tokens", 1))
             ids = [(sum(body.get("input_ids", [])) + i) % 1000 for i in range(n)]
             if diverges and n > DIVERGE_AT:  # a wrong verify: one token off, as a broken tree's
                 ids[DIVERGE_AT] = (ids[DIVERGE_AT] + 1) % 1000
-            verified[0] += n
-            meta = {"completion_tokens": n, "spec_verify_ct": n if args.speculative_algorithm else 0}
+            steps = math.ceil(n / accept)
+            verified[0] += steps
+            verify_ct = steps if args.speculative_algorithm else 0
+            meta = {"completion_tokens": n, "spec_verify_ct": verify_ct}
             self.reply(200, json.dumps({"output_ids": ids, "meta_info": meta}).encode())
 
         def log_message(self, *a) -> None:
