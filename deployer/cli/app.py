@@ -26,7 +26,7 @@ def cli(ctx: click.Context, inventory_dir: str | None) -> None:
 
 
 def _register() -> None:
-    from . import deploy, kernels, launch, patches, render, tests  # noqa: F401  (each module adds its commands)
+    from . import deploy, kernels, launch, patches, render, rollout, tests  # noqa: F401  (each adds its commands)
 
 
 _register()

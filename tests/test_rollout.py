@@ -1,0 +1,179 @@
+"""`ddeploy rollout` over the three OpenSSH test hosts, each serving the SGLang stand-in of
+tests/standin_sglang (a real server takes a minute to start, and a rollout starts one per unit
+and per put-back; the real server's launch, bench and greedy probes are proven in
+tests/test_serving.py). A release's behaviour comes from the checkout it is launched from, as a
+real release's would: the stand-in answers one greedy token off when the release ships
+`python/sglang/standin_diverge` (the role of the overlay's mask-shift hook on a real engine).
+
+The rollout file turns off the kernel build and the overlay's tests (these test checkouts carry
+generated patch sets without kernels or tests; `push --build` and `test --remote` have their own
+tests, and the rollout calls the same functions).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from processes import alive, free_port
+from sshd_hosts import STUB, make_patch_set
+from test_bench_interrupt import STAND_IN, _launch_args, _stand_in_pids, launches_dir, read_record
+
+pytestmark = pytest.mark.sshd
+
+NAMES = ("h1", "h2", "h3")
+QUICK = """\
+steps: {build: false, tests: false}
+drain_timeout_s: 5
+deadlines: {build_s: 120, launch_s: 60, gates_s: 60}
+measure: {requests: 2, concurrency: 1, input_len: 4, output_len: 8, repeats: 2, probes: 2, probe_tokens: 8}
+"""
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory) -> Path:
+    """0.3.0: a release whose greedy completions differ (the stand-in reads the marker file)."""
+    root = tmp_path_factory.mktemp("broken")
+    concerns = [("builder", {STUB: "VERSION = 3\n"}), ("diverge", {"python/sglang/standin_diverge": "1\n"})]
+    return make_patch_set(root / "0.3.0", "0.3.0", concerns)
+
+
+@pytest.fixture
+def serving(hosts, cli, patch_sets, tmp_path):
+    """Every host on 0.1.0, serving the stand-in (its own port); afterwards every launch stopped
+    and no stand-in left. Yields (marks dir, rollout file, {host: pid})."""
+    from deployer.locations import cache_dir
+
+    shutil.rmtree(cache_dir() / "rollouts", ignore_errors=True)  # no earlier test's rollout in the way
+    inv = hosts.inventory_dir
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    spec = tmp_path / "rollout.yaml"
+    spec.write_text(QUICK)
+    r = cli("push", "--all", "--version", str(patch_sets["v1"]), inventory=inv)
+    assert r.code == 0, r.stderr
+    pids = {}
+    for name in NAMES:
+        r = cli(*launch_args(hosts, name, marks), inventory=inv)
+        assert r.code == 0, r.stderr
+        pids[name] = read_record(launches_dir(hosts, name))["units"][0]["pid"]
+    yield marks, spec, pids
+    for name in NAMES:
+        cli("stop", "--host", name, "--grace", "2", inventory=inv)
+    for pid in _stand_in_pids(marks):
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def launch_args(hosts, name: str, marks: Path, *extra: str) -> list[str]:
+    """The stand-in's launch; the release's own python/ on its path too, after the stand-in's
+    (whose benchmark client must be found first), so a release's marker files reach the server."""
+    path = f"{STAND_IN}:{hosts.host(name).checkout / 'python'}"
+    return [*_launch_args(name, marks, "", free_port()), "--set", f"env.PYTHONPATH={path}", *extra]
+
+
+def applied(cli, hosts) -> dict[str, str | None]:
+    out = json.loads(cli("status", "--all", "--json", inventory=hosts.inventory_dir).stdout)
+    return {r["host"]: (r["data"].get("applied") or {}).get("version") for r in out if r["host"] in NAMES}
+
+
+def events(stderr: str) -> list[dict]:
+    line = next(ln for ln in stderr.splitlines() if "events in " in ln)
+    return [json.loads(x) for x in Path(line.split("events in ", 1)[1].strip()).read_text().splitlines()]
+
+
+def test_dry_run_prints_the_plan_and_touches_nothing(hosts, cli, serving, patch_sets):
+    marks, spec, pids = serving
+    r = cli("rollout", str(patch_sets["v2"]), "--all", "-f", str(spec), "--batch", "2", "--dry-run",
+            inventory=hosts.inventory_dir)  # fmt: skip
+    assert r.code == 0, r.stderr
+    assert "rollout of ddtree 0.2.0 over 3 unit(s), canary first" in r.stderr
+    assert "canary   h1    0.1.0        tp8" in r.stderr and "batch 1  h2    0.1.0        tp8" in r.stderr
+    assert "dry run: nothing was touched" in r.stderr
+    assert applied(cli, hosts) == dict.fromkeys(NAMES, "0.1.0")
+    assert {n: read_record(launches_dir(hosts, n))["units"][0]["pid"] for n in NAMES} == pids
+
+
+def test_every_unit_passes_its_gates_and_ends_on_the_new_release(hosts, cli, serving, patch_sets):
+    marks, spec, pids = serving
+    r = cli("rollout", str(patch_sets["v2"]), "--all", "-f", str(spec), "--batch", "2", inventory=hosts.inventory_dir)
+    assert r.code == 0, r.stderr
+    assert "every unit serves" in r.stderr
+    assert applied(cli, hosts) == dict.fromkeys(NAMES, "0.2.0")
+    for name in NAMES:
+        record = read_record(launches_dir(hosts, name))
+        assert record["state"] == "running" and record["topology"] == "tp8"
+        assert record["units"][0]["pid"] != pids[name] and alive(record["units"][0]["pid"])
+    log = events(r.stderr)
+    assert [e["units"] for e in log if e["event"] == "batch"] == [["h1"], ["h2", "h3"]]
+    gates = [(e["unit"], e["gate"], e["verdict"]) for e in log if e["event"] == "gate"]
+    for name in NAMES:
+        assert (name, "greedy", "pass") in gates and (name, "health", "pass") in gates
+    assert all(v in ("pass", "n/a") for _, g, v in gates if g not in ("throughput", "itl_p99")), gates
+    assert [e["state"] for e in log if e["event"] == "rollout"] == ["done"]
+
+
+def test_a_release_that_breaks_greedy_equality_halts_at_the_canary(hosts, cli, serving, broken):
+    marks, spec, pids = serving
+    r = cli("rollout", str(broken), "--all", "-f", str(spec), inventory=hosts.inventory_dir)
+    assert r.code == 1, r.stderr
+    assert "gate greedy: fail: probe 0 differs at token 3" in r.stderr
+    assert "failed; the failed units serve their previous release" in r.stderr
+    assert applied(cli, hosts) == dict.fromkeys(NAMES, "0.1.0")
+    canary = read_record(launches_dir(hosts, "h1"))
+    assert canary["state"] == "running" and alive(canary["units"][0]["pid"]) and canary["units"][0]["pid"] != pids["h1"]
+    for name in ("h2", "h3"):  # never touched: the same server since the fixture
+        assert read_record(launches_dir(hosts, name))["units"][0]["pid"] == pids[name]
+    log = events(r.stderr)
+    assert [e["unit"] for e in log if e["event"] == "unit" and e["step"] == "start"] == ["h1"]
+    assert [(e["unit"], e["ok"]) for e in log if e["event"] == "put-back"] == [("h1", True)]
+    # the failed rollout holds the fleet until the operator says otherwise
+    again = cli("rollout", str(broken), "--all", "-f", str(spec), "--dry-run", inventory=hosts.inventory_dir)
+    assert again.code == 0  # a dry run only reads
+    again = cli("rollout", str(broken), "--all", "-f", str(spec), inventory=hosts.inventory_dir)
+    assert again.code == 7 and "failed; look at its events" in again.stderr and "--after-failure" in again.stderr
+
+
+def test_a_failure_in_the_second_batch_puts_that_batch_back(hosts, cli, serving, patch_sets, tmp_path):
+    marks, spec, pids = serving
+    # h3's server answers /health_generate with 503 once restarted (STANDIN_UNHEALTHY in its
+    # environment from the start, read by the stand-in at each start: only the new launch is judged)
+    inv = hosts.inventory_dir
+    cli("stop", "--host", "h3", "--grace", "2", inventory=inv)
+    assert cli(*launch_args(hosts, "h3", marks, "--set", "env.STANDIN_UNHEALTHY=ddtree"), inventory=inv).code == 0
+    r = cli("rollout", str(patch_sets["v2"]), "--all", "-f", str(spec), "--batch", "2", inventory=inv)
+    assert r.code == 1, r.stderr
+    assert "[h3] gate health: fail" in r.stderr
+    assert applied(cli, hosts) == {"h1": "0.2.0", "h2": "0.1.0", "h3": "0.1.0"}
+    log = events(r.stderr)
+    assert {e["unit"]: e["result"] for e in log if e["event"] == "unit-done"} == {
+        "h1": "pass",
+        "h2": "rolled-back",
+        "h3": "rolled-back",
+    }
+    for name in NAMES:
+        assert read_record(launches_dir(hosts, name))["state"] == "running"
+
+
+def test_a_second_rollout_over_the_same_hosts_is_refused(hosts, cli, serving, patch_sets):
+    from deployer.locations import cache_dir
+
+    marks, spec, pids = serving
+    lock = cache_dir() / "rollouts" / "hosts" / "h2.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b"20261207T000000Z-beef (pid 1)")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        r = cli("rollout", str(patch_sets["v2"]), "--all", "-f", str(spec), inventory=hosts.inventory_dir)
+    finally:
+        os.close(fd)
+    assert r.code == 7, r.stderr
+    assert "host h2 is in rollout 20261207T000000Z-beef (pid 1), running on this machine now" in r.stderr
+    assert applied(cli, hosts) == dict.fromkeys(NAMES, "0.1.0")
