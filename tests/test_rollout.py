@@ -17,13 +17,16 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from processes import alive, free_port
+from processes import alive, free_port, wait_until
 from sshd_hosts import STUB, make_patch_set
-from test_bench_interrupt import STAND_IN, _launch_args, _stand_in_pids, launches_dir, read_record
+from test_bench_interrupt import CLI, ROOT, STAND_IN, _launch_args, _marked, _stand_in_pids, launches_dir, read_record
 
 pytestmark = pytest.mark.sshd
 
@@ -117,6 +120,11 @@ def test_every_unit_passes_its_gates_and_ends_on_the_new_release(hosts, cli, ser
         assert (name, "greedy", "pass") in gates and (name, "health", "pass") in gates
     assert all(v in ("pass", "n/a") for _, g, v in gates if g not in ("throughput", "itl_p99")), gates
     assert [e["state"] for e in log if e["event"] == "rollout"] == ["done"]
+    # every sample the gates compared is in the log: each unit's reference and candidate
+    for kind in ("reference", "candidate"):
+        samples = {e["unit"]: e["measurement"] for e in log if e["event"] == kind}
+        assert sorted(samples) == list(NAMES)
+        assert all(len(m["runs"]) == 2 and len(m["probes"]) == 2 for m in samples.values())
 
 
 def test_a_release_that_breaks_greedy_equality_halts_at_the_canary(hosts, cli, serving, broken):
@@ -177,3 +185,46 @@ def test_a_second_rollout_over_the_same_hosts_is_refused(hosts, cli, serving, pa
     assert r.code == 7, r.stderr
     assert "host h2 is in rollout 20261207T000000Z-beef (pid 1), running on this machine now" in r.stderr
     assert applied(cli, hosts) == dict.fromkeys(NAMES, "0.1.0")
+
+
+def test_ctrl_c_puts_the_unit_in_flight_back_and_resume_finishes(hosts, cli, serving, patch_sets):
+    """SIGINT to the client's process group (a terminal's Ctrl-C) while h2's new server starts:
+    h2 serves its previous release again, h3 is untouched; `--resume` then does h2 and h3 and
+    never redoes the canary."""
+    marks, spec, pids = serving
+    inv = hosts.inventory_dir
+    # h2's server answers /health with 503 for its first seconds from its second start on (the
+    # fixture's start counts, every host's marks are in one directory): a window for the Ctrl-C
+    cli("stop", "--host", "h2", "--grace", "2", inventory=inv)
+    slow = launch_args(hosts, "h2", marks, "--set", "env.STANDIN_SLOW=server-ddtree-again")
+    assert cli(*slow, inventory=inv).code == 0
+    h3 = read_record(launches_dir(hosts, "h3"))["units"][0]["pid"]
+    argv = [sys.executable, "-c", CLI, "-i", str(inv), "rollout", str(patch_sets["v2"]), "--all"]
+    argv += ["-f", str(spec), "--batch", "2"]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        # the fixture's three servers, h2's slow restart, the canary's new one, then h2's new one
+        assert wait_until(lambda: _marked(marks, "server-ddtree-", 6), 90), "h2's new server never started"
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    err = err.decode()
+    assert proc.returncode == 130, err
+    assert "interrupted: putting back h2" in err
+    assert applied(cli, hosts) == {"h1": "0.2.0", "h2": "0.1.0", "h3": "0.1.0"}
+    assert read_record(launches_dir(hosts, "h2"))["state"] == "running"
+    assert read_record(launches_dir(hosts, "h3"))["units"][0]["pid"] == h3
+
+    r = cli("rollout", "--resume", inventory=inv)
+    assert r.code == 0, r.stderr
+    assert applied(cli, hosts) == dict.fromkeys(NAMES, "0.2.0")
+    log = events(r.stderr)
+    starts = [e["unit"] for e in log if e["event"] == "unit" and e["step"] == "start"]
+    assert starts == ["h1", "h2", "h2", "h3"], starts  # h2 redone after the Ctrl-C, h1 never
+    assert [e["state"] for e in log if e["event"] == "rollout"] == ["interrupted", "done"]
+    again = cli("rollout", "--resume", inventory=inv)
+    assert again.code == 7 and "is done; there is nothing to resume" in again.stderr

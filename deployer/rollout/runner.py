@@ -66,8 +66,10 @@ class Rollout:
             if failed and (i == 0 or self.failures > self.plan.max_failures):
                 over = f"{self.failures} failure(s), over max fail {self.plan.max_failures}"
                 why = "the canary failed" if i == 0 else over
-                self.say(f"aborting: {why}; the rest of {label} goes back, no further unit is touched", ROLLOUT)
-                self._put_back([n for n, r in results.items() if r in ("pass", "inconclusive")], label)
+                passed = [n for n, r in results.items() if r in ("pass", "inconclusive")]
+                back = f"; {label}'s units that passed go back too: {', '.join(passed)}" if passed else ""
+                self.say(f"aborting: {why}{back}; no further unit is touched", ROLLOUT)
+                self._put_back(passed, label)
                 return "failed"
             if "inconclusive" in results.values():
                 self.say(f"paused after {label}: a gate was inconclusive (`ddeploy rollout --resume` goes on)", ROLLOUT)
@@ -124,7 +126,9 @@ class Rollout:
             self.say("no reference measured before the change (the unit was not serving): gates skipped", name)
             return "pass"
         self._step(name, "gates")
-        results = steps.gates(reference)
+        results, candidate = steps.gates(reference)
+        if candidate is not None:
+            self.journal.write("candidate", unit=name, measurement=candidate.to_data())
         for r in results:
             self.journal.write("gate", unit=name, **r.to_data())
             self.say(f"gate {r.gate}: {r.verdict}: {r.measured} ({r.threshold})", name)

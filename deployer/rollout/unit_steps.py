@@ -7,7 +7,7 @@ operations (the same agent calls `push --build`, `test --remote`, `launch --wait
     steps.drain_and_stop()                 # no running requests (or the drain timeout), then TERM
     steps.change()                         # push + build, the overlay's tests on each host
     steps.launch()                         # the same topology and --set values as before
-    results = steps.gates(reference)       # /health_generate, then the gates.py comparisons
+    results, after = steps.gates(reference)  # /health_generate, then the gates.py comparisons
     steps.put_back()                       # on a failure: the previous release, serving again
 """
 
@@ -118,18 +118,19 @@ class UnitSteps:
             wait=self.spec.deadlines.launch_s,
         )
 
-    def gates(self, reference: Measurement) -> list[GateResult]:
-        """/health_generate on every host's units, then the candidate against the reference."""
+    def gates(self, reference: Measurement) -> tuple[list[GateResult], Measurement | None]:
+        """/health_generate on every host's units, then the candidate (returned too, for the log)
+        against the reference."""
         for host in self.unit.hosts:
             with agent_session(host, command=COMMAND) as agent:
                 sick = [u for u in health(agent).units if u.status != 200]
             if sick:
                 u = sick[0]
                 why = f"HTTP {u.status}" if u.status is not None else (u.error or "no answer")
-                return [GateResult("health", "fail", f"{u.name} /health_generate: {why}", "HTTP 200")]
+                return [GateResult("health", "fail", f"{u.name} /health_generate: {why}", "HTTP 200")], None
         candidate = self.measure()
         health_ok = GateResult("health", "pass", "/health_generate 200 on every unit", "HTTP 200")
-        return [health_ok, *evaluate(reference, candidate, self.spec.gates, self.spec.measure.requests)]
+        return [health_ok, *evaluate(reference, candidate, self.spec.gates, self.spec.measure.requests)], candidate
 
     def put_back(self) -> str | None:
         """The previous release serving again: stop what runs, roll back each checkout this rollout
