@@ -174,11 +174,13 @@ def push_with(
     op: str = "push",
     extra: dict[str, Any] | None = None,
     model: type[R] = PushReply,  # type: ignore[assignment]
+    timeout: float | None = None,
 ) -> R:
     """`op` is `push` or an operation that pushes first (push-build), `extra` the rest of its
-    request; the set goes as with_set sends it."""
+    request; the set goes as with_set sends it. `timeout`: seconds the call may take (None: the
+    connection's command timeout)."""
     request = {**options_request(opts), **(extra or {})}
-    return with_set(agent, ps, say, lambda s, **kw: agent.call(op, {**request, "set": s}, model, **kw))
+    return with_set(agent, ps, say, lambda s, **kw: agent.call(op, {**request, "set": s}, model, timeout=timeout, **kw))
 
 
 def with_set(agent: AgentSession, ps: PatchSet, say: Say, call: Callable[..., R]) -> R:

@@ -75,12 +75,16 @@ def build_host(host: Host, opts: BuildOptions, say: Say) -> Outcome:
     return Outcome(res, changed=res.changed)
 
 
-def push_then_build(host: Host, ps: PatchSet, popts: Options, bopts: BuildOptions, say: Say) -> Outcome:
+def push_then_build(
+    host: Host, ps: PatchSet, popts: Options, bopts: BuildOptions, say: Say, *, timeout: float | None = None
+) -> Outcome:
     """`push --build` as one agent call (`push-build`): the push, then the build when it changed the
-    kernel sources, under one hold of the checkout's lock (no other push can come in between)."""
+    kernel sources, under one hold of the checkout's lock (no other push can come in between).
+    `timeout`: seconds for both (None: no limit but the connection's)."""
     ensure_local_checkout(host, say)
     build = {"target": target(host), "options": {"force": bopts.force, "reuse_only": False}}
     with session(host, popts) as agent:
-        res = push_with(agent, ps, popts, say, op="push-build", extra={"build": build}, model=PushBuildReply)
+        extra = {"build": build}
+        res = push_with(agent, ps, popts, say, op="push-build", extra=extra, model=PushBuildReply, timeout=timeout)
     done = PushBuild(push=res.push, build=res.build, kernel_sources_changed=res.kernel_sources_changed, note=res.note)
     return Outcome(done, changed=res.push.changed)

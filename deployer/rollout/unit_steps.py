@@ -93,7 +93,8 @@ class UnitSteps:
         for host in self.unit.hosts:
             say = self._say(host.name)
             if self.spec.steps.build:
-                out = push_then_build(host, self.ps, popts, BuildOptions(command=COMMAND), say)
+                limit = self.spec.deadlines.build_s
+                out = push_then_build(host, self.ps, popts, BuildOptions(command=COMMAND), say, timeout=limit)
             else:
                 out = push_host(host, self.ps, popts, say)
             self.changed[host.name] = self.changed.get(host.name, False) or out.changed
