@@ -166,3 +166,26 @@ def test_failed_requests_fail_the_errors_gate():
     cand = cand.model_copy(update={"runs": [cand.runs[0].model_copy(update={"completed": 15})]})
     errors = evaluate(ref, cand, RolloutSpec().gates, 16)[-1]
     assert errors.gate == "errors" and errors.verdict == "fail" and errors.measured == "15 of 16 requests completed"
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        ((), 2, "name the release to roll out"),
+        (("0.2.19",), 2, "choose hosts with --host NAME, --group G or --all"),
+        (("--resume", "0.2.19"), 2, "--resume goes on with the last rollout as planned; drop the other arguments"),
+        (("0.2.19", "--host", "local", "--batch", "0"), 2, "the rollout options: batch: batch step '0' must be at least 1"),
+        (("9.9.9", "--host", "local"), 4, "9.9.9"),
+        (("0.2.19", "--host", "nowhere"), 3, "nowhere"),
+    ],
+)
+def test_bad_rollout_arguments_are_one_line_before_any_host_is_contacted(cli, args, code, message):
+    r = cli("rollout", *args)
+    assert r.code == code, r.stderr
+    assert message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_resume_with_no_rollout_on_this_machine_is_refused(cli, monkeypatch, tmp_path):
+    monkeypatch.setenv("DDEPLOY_CACHE_DIR", str(tmp_path))  # no other test's rollouts
+    r = cli("rollout", "--resume")
+    assert r.code == 7 and "no rollout to resume on this machine" in r.stderr, r.stderr
