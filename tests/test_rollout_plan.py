@@ -174,7 +174,7 @@ def test_failed_requests_fail_the_errors_gate():
         ((), 2, "name the release to roll out"),
         (("0.2.19",), 2, "choose hosts with --host NAME, --group G or --all"),
         (("--resume", "0.2.19"), 2, "--resume goes on with the last rollout as planned; drop the other arguments"),
-        (("0.2.19", "--host", "local", "--batch", "0"), 2, "the rollout options: batch: batch step '0' must be at least 1"),
+        (("0.2.19", "--host", "local", "--batch", "0"), 2, "batch: batch step '0' must be at least 1"),
         (("9.9.9", "--host", "local"), 4, "9.9.9"),
         (("0.2.19", "--host", "nowhere"), 3, "nowhere"),
     ],
