@@ -189,3 +189,20 @@ def test_resume_with_no_rollout_on_this_machine_is_refused(cli, monkeypatch, tmp
     monkeypatch.setenv("DDEPLOY_CACHE_DIR", str(tmp_path))  # no other test's rollouts
     r = cli("rollout", "--resume")
     assert r.code == 7 and "no rollout to resume on this machine" in r.stderr, r.stderr
+
+
+def test_a_host_is_held_by_its_own_last_rollout_only(monkeypatch, tmp_path):
+    """h1's last rollout failed (held); h2's last one came after and succeeded (free)."""
+    from deployer.rollout import journal
+
+    monkeypatch.setenv("DDEPLOY_CACHE_DIR", str(tmp_path))
+    for rollout_id, hosts, state in [
+        ("20261201T000000Z-aaaa", ["h1", "h2"], "failed"),
+        ("20261202T000000Z-bbbb", ["h2"], "done"),
+    ]:
+        log = journal.Journal(rollout_id)
+        units = [{"name": h, "hosts": [h], "versions": [None], "serving": None} for h in hosts]
+        log.write("plan", plan={"units": units}, spec={}, source={})
+        log.write("rollout", state=state)
+    assert journal.last_failed({"h1", "h2"}) == ("20261201T000000Z-aaaa", {"h1"})
+    assert journal.last_failed({"h2", "h3"}) is None

@@ -143,16 +143,13 @@ def _resumed(app: AppContext):
 
 
 def _refuse_after_failure(plan) -> None:
+    """A failed rollout holds its hosts until the operator says otherwise (--after-failure)."""
     from ..rollout import journal
 
-    last = journal.latest()
-    if last is None:
-        return
-    past = journal.replay(last)
-    hosts = {h for u in past.plan["units"] for h in u["hosts"]}
-    mine = {h.name for u in plan.units for h in u.hosts}
-    if past.state == "failed" and hosts & mine:
+    failed = journal.last_failed({h.name for u in plan.units for h in u.hosts})
+    if failed is not None:
+        rollout_id, hosts = failed
         raise StateError(
-            f"the last rollout over {', '.join(sorted(hosts & mine))} ({last}) failed; look at its events "
-            f"({journal.rollouts_dir() / last / 'events.jsonl'}), then start again with --after-failure"
+            f"the last rollout over {', '.join(sorted(hosts))} ({rollout_id}) failed; look at its events "
+            f"({journal.rollouts_dir() / rollout_id / 'events.jsonl'}), then start again with --after-failure"
         )

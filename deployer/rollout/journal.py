@@ -108,11 +108,34 @@ def replay(rollout_id: str) -> Replay:
     return out
 
 
-def latest() -> str | None:
-    """The newest rollout on this machine (ids sort by start time)."""
+def all_ids() -> list[str]:
+    """Every rollout on this machine, oldest first (ids sort by start time)."""
     root = rollouts_dir()
-    ids = sorted(p.name for p in root.iterdir() if (p / "events.jsonl").is_file()) if root.is_dir() else []
+    return sorted(p.name for p in root.iterdir() if (p / "events.jsonl").is_file()) if root.is_dir() else []
+
+
+def latest() -> str | None:
+    """The newest rollout on this machine."""
+    ids = all_ids()
     return ids[-1] if ids else None
+
+
+def last_failed(hosts: set[str]) -> tuple[str, set[str]] | None:
+    """The failed rollout that is the last one to have covered some of `hosts`, and those hosts;
+    None when every host's last rollout ended otherwise (or there was none)."""
+    left = set(hosts)
+    for rollout_id in reversed(all_ids()):
+        if not left:
+            break
+        try:
+            past = replay(rollout_id)
+        except StateError:
+            continue  # an unreadable log says nothing about the hosts
+        covered = {h for u in past.plan["units"] for h in u["hosts"]} & left
+        if covered and past.state == "failed":
+            return rollout_id, covered
+        left -= covered
+    return None
 
 
 def hold_hosts(stack: ExitStack, hosts: list[str], rollout_id: str) -> None:

@@ -24,7 +24,7 @@ from ..ops.launch import launch, stop_quietly, wait_serving
 from ..ops.overlay_tests import TestOptions, test_host
 from ..ops.serving_checks import drain, health
 from ..patchset import PatchSet
-from ..render import launch_dir_for
+from ..render import launch_dir_for, render_hosts
 from ..transport.agent_client import agent_session
 from ..transport.protocol_serving import Measurement
 from .gates import GateResult, evaluate
@@ -72,7 +72,10 @@ class UnitSteps:
         with agent_session(host, command=COMMAND) as agent:
             bench = Bench(agent, self._params(), self._say(host.name))
             served = bench.wait(base)
-            values = {v.key: v.value for v in bench.render(served.record, ())[0].values}
+            # the model's vocabulary, from the unit's render (all its hosts: a multi-node topology
+            # renders only with every node)
+            units = render_hosts(list(self.unit.hosts), served.record.topology, tuple(served.record.sets))
+            values = {v.key: v.value for v in units[0].values}
             prompts = probe_prompts(int(values["model_vocab_size"]), m.seed, m.probes)
             probes = {"prompts": prompts, "output_len": m.probe_tokens}
             return bench.measure(base, served.record, probes, None).measured[0]
