@@ -80,6 +80,32 @@ class GPUSpec(_Strict):
         return int(m.group(1)), int(m.group(2))
 
 
+class RouterSpec(_Strict):
+    """The SGLang router (Model Gateway) that sends this host's servers traffic: `rollout`
+    deregisters each worker there before it drains it, and registers it again once it serves."""
+
+    url: str = Field(description="the router's base URL, e.g. http://router.internal:30000")
+    worker_url: str | None = Field(
+        default=None,
+        description="the worker's URL as the router knows it, with {port} for the unit's port "
+        "(default http://<ssh.host>:{port})",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^\s/]+(/\S*)?\Z", v):
+            raise ValueError(f"{v!r} must be an http:// or https:// URL")
+        return v.rstrip("/")
+
+    @field_validator("worker_url")
+    @classmethod
+    def _worker_url(cls, v: str | None) -> str | None:
+        if v is not None and (not re.match(r"^https?://\S+\Z", v) or "{port}" not in v):
+            raise ValueError(f"{v!r} must be an http(s):// URL with {{port}} where the unit's port goes")
+        return v
+
+
 class Host(_Strict):
     name: str
     connection: Literal["ssh", "local"] = "ssh"
@@ -94,6 +120,7 @@ class Host(_Strict):
     version: str | None = Field(
         default=None, description="pin: the ddtree release push and plan apply here when --version is not given"
     )
+    router: RouterSpec | None = Field(default=None, description="the router in front of this host's servers")
     cpu_engine: bool = Field(
         default=False,
         description="serves the CPU engine profile (topology cpu-tiny): the built-in local host and "
@@ -150,6 +177,16 @@ class Host(_Strict):
     @property
     def is_local(self) -> bool:
         return self.connection == "local"
+
+    def worker_url(self) -> str | None:
+        """This host's worker URL template for its router ({port} left in), None without a router."""
+        if self.router is None:
+            return None
+        if self.router.worker_url:
+            return self.router.worker_url
+        address = self.ssh.host if self.ssh else "127.0.0.1"
+        address = f"[{address}]" if ":" in address else address
+        return f"http://{address}:{{port}}"
 
 
 def find_inventory_dir() -> Path:

@@ -228,3 +228,81 @@ def test_ctrl_c_puts_the_unit_in_flight_back_and_resume_finishes(hosts, cli, ser
     assert [e["state"] for e in log if e["event"] == "rollout"] == ["interrupted", "done"]
     again = cli("rollout", "--resume", inventory=inv)
     assert again.code == 7 and "is done; there is nothing to resume" in again.stderr
+
+
+class Router:
+    """A stand-in for SGLang's Model Gateway workers API (GET/POST /workers, DELETE /workers/<id>),
+    in this process. Each change is logged with what served at that moment: `live` maps a worker
+    URL to a function telling whether the server the test started there is still up."""
+
+    def __init__(self, workers: list[str], live):
+        import http.server
+        import threading
+
+        self.workers = {url: str(i) for i, url in enumerate(workers)}
+        self.log: list[tuple[str, str, bool]] = []
+        router = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def reply(self, code: int, body: object) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                listing = [{"id": i, "url": u} for u, i in router.workers.items()]
+                self.reply(200, {"workers": listing} if self.path == "/workers" else {})
+
+            def do_POST(self) -> None:
+                url = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["url"]
+                router.workers[url] = str(len(router.log) + 100)
+                router.log.append(("add", url, live(url)))
+                self.reply(202, {"status": "accepted"})
+
+            def do_DELETE(self) -> None:
+                wid = self.path.rsplit("/", 1)[1]
+                url = next(u for u, i in router.workers.items() if i == wid)
+                router.log.append(("remove", url, live(url)))
+                del router.workers[url]
+                self.reply(202, {"status": "accepted"})
+
+            def log_message(self, *a) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_each_unit_leaves_its_router_before_its_drain_and_comes_back_once_it_serves(
+    hosts, cli, serving, patch_sets, tmp_path
+):
+    """With `router:` in the host files, h1's worker is removed while its old server still
+    serves, and added again only when its new server serves; a failed unit (h2: its new server
+    fails /health_generate) is added back once its previous release serves again."""
+    marks, spec, pids = serving
+    inv = hosts.inventory_dir
+    cli("stop", "--host", "h2", "--grace", "2", inventory=inv)
+    assert cli(*launch_args(hosts, "h2", marks, "--set", "env.STANDIN_UNHEALTHY=ddtree"), inventory=inv).code == 0
+
+    ports = {n: read_record(launches_dir(hosts, n))["units"][0]["url"].rsplit(":", 1)[1] for n in NAMES}
+    before = {f"http://127.0.0.1:{ports[n]}": read_record(launches_dir(hosts, n))["units"][0]["pid"] for n in NAMES}
+    router = Router(list(before), lambda url: url in before and alive(before[url]))
+    routed = tmp_path / "inventory"
+    routed.mkdir()
+    for f in Path(inv).glob("*.yaml"):
+        doc = f.read_text() + f"router: {{url: '{router.url}', worker_url: 'http://127.0.0.1:{{port}}'}}\n"
+        (routed / f.name).write_text(doc)
+    try:
+        r = cli("rollout", str(patch_sets["v2"]), "--host", "h1", "--host", "h2", "-f", str(spec), inventory=routed)
+    finally:
+        router.server.shutdown()
+    assert r.code == 1, r.stderr
+    h1, h2 = (f"http://127.0.0.1:{ports[n]}" for n in ("h1", "h2"))
+    # (action, worker, whether the server the fixture started there still served at that moment)
+    assert router.log == [("remove", h1, True), ("add", h1, False), ("remove", h2, True), ("add", h2, False)]
+    assert set(router.workers) == set(before)  # everything routed again
+    assert applied(cli, hosts) == {"h1": "0.2.0", "h2": "0.1.0", "h3": "0.1.0"}
+    assert "[h1] router " + router.url + ": remove " + h1 in r.stderr

@@ -56,7 +56,8 @@ set's patches on the host), base_gate, facts, plan and plan_diff, push (and prun
 snapshots), rollback, status, history (log), lock_commands, toolkit, build_plan, jit_cache and
 build (kernels), overlay_tests (pytest), bytecode (its cache), launch_record (the launch record
 and lock), units (unit files and processes), launch, serving (is it serving), serving_checks
-(drain, health: is it idle, does it generate) and bench (servers), client (is the client still
+(drain, health: is it idle, does it generate), router (a unit out of and back into its SGLang
+router) and bench (servers), client (is the client still
 there), main (the entry point: each operation's module imported when it runs), boot
 (imports the bundle's compiled modules on the host). The modules import each other relatively,
 so the package runs under any name (`ddeploy_agent` on the host).

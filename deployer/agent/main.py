@@ -32,6 +32,7 @@ OPS = {
     "wait": ("serving", "op_wait"),
     "drain": ("serving_checks", "op_drain"),
     "health": ("serving_checks", "op_health"),
+    "router": ("router", "op_router"),
     "bench": ("bench", "op_bench"),
     "bench-save": ("bench", "op_bench_save"),
 }
@@ -43,7 +44,7 @@ def operation(op: str):
 
 
 # Work on launches beside the checkout, not in it: the checkout need not exist.
-NO_CHECKOUT = ("launch", "logs", "stop", "wait", "drain", "health", "bench")
+NO_CHECKOUT = ("launch", "logs", "stop", "wait", "drain", "health", "router", "bench")
 
 
 # Interactive: they end with the client (a cut connection stops `logs --follow`).

@@ -20,7 +20,7 @@ from typing import Callable
 
 from ..render import launch_dir_for
 from ..transport.agent_client import AgentSession
-from ..transport.protocol_serving import DrainReply, HealthReply
+from ..transport.protocol_serving import DrainReply, HealthReply, RouterReply
 
 SLACK = 30.0  # seconds the client allows beyond the host's own bound (connect, lock wait, reply)
 
@@ -42,3 +42,16 @@ def health(agent: AgentSession, timeout: float = 60.0, *, base: str | None = Non
     """Each serving unit's /health_generate status (all at once, each bounded by `timeout` s);
     a unit that gave no answer has status None and says why in `error`."""
     return agent.call("health", request_for(agent, timeout, base), HealthReply, timeout=timeout + SLACK)
+
+
+def router(
+    agent: AgentSession, action: str, say: Callable[[str], None], *, timeout: float = 60.0
+) -> RouterReply | None:
+    """Take the host's serving units out of its router (`action` "remove") or put them back
+    ("add"), waiting until the router shows it; None when the inventory names no router."""
+    host = agent.host
+    if host.router is None:
+        return None
+    where = {"router": host.router.url, "worker_url": host.worker_url(), "action": action}
+    request = dict(request_for(agent, timeout, None), **where)
+    return agent.call("router", request, RouterReply, stream=say, timeout=timeout + SLACK)

@@ -124,6 +124,7 @@ class Rollout:
         steps.launch()
         if reference is None:
             self.say("no reference measured before the change (the unit was not serving): gates skipped", name)
+            steps.register()
             return "pass"
         self._step(name, "gates")
         results, candidate = steps.gates(reference)
@@ -132,7 +133,11 @@ class Rollout:
         for r in results:
             self.journal.write("gate", unit=name, **r.to_data())
             self.say(f"gate {r.gate}: {r.verdict}: {r.measured} ({r.threshold})", name)
-        return verdict(results)
+        result = verdict(results)
+        if result != "fail" and any(h.router for h in unit.hosts):
+            self._step(name, "register")
+            steps.register()
+        return result
 
     def _step(self, unit: str, step: str) -> None:
         self.journal.write("unit", unit=unit, step=step)

@@ -8,6 +8,7 @@ operations (the same agent calls `push --build`, `test --remote`, `launch --wait
     steps.change()                         # push + build, the overlay's tests on each host
     steps.launch()                         # the same topology and --set values as before
     results, after = steps.gates(reference)  # /health_generate, then the gates.py comparisons
+    steps.register()                       # back into the router (passed or inconclusive)
     steps.put_back()                       # on a failure: the previous release, serving again
 """
 
@@ -22,7 +23,7 @@ from ..ops.deploy import Options, push_host, rollback_host
 from ..ops.kernel_build import BuildOptions, build_host, push_then_build
 from ..ops.launch import launch, stop_quietly, wait_serving
 from ..ops.overlay_tests import TestOptions, test_host
-from ..ops.serving_checks import drain, health
+from ..ops.serving_checks import drain, health, router
 from ..patchset import PatchSet
 from ..render import launch_dir_for, render_hosts
 from ..transport.agent_client import agent_session
@@ -81,10 +82,12 @@ class UnitSteps:
             return bench.measure(base, served.record, probes, None).measured[0]
 
     def drain_and_stop(self) -> None:
-        """Each host: wait (up to the drain timeout) until its server runs no request, then stop it."""
+        """Each host: out of its router (when the inventory names one), then wait (up to the drain
+        timeout) until its server runs no request, then stop it."""
         for host in self.unit.hosts:
             say = self._say(host.name)
             with agent_session(host, command=COMMAND) as agent:
+                router(agent, "remove", say)
                 left = drain(agent, self.spec.drain_timeout_s, say)
                 if not left.drained:
                     say(f"drain timeout: stopping with {left.running} request(s) running, {left.queued} queued")
@@ -121,6 +124,13 @@ class UnitSteps:
             command=COMMAND,
             wait=self.spec.deadlines.launch_s,
         )
+
+    def register(self) -> None:
+        """Each host's serving units back into its router (a no-op for a host without one)."""
+        for host in self.unit.hosts:
+            if host.router is not None:
+                with agent_session(host, command=COMMAND) as agent:
+                    router(agent, "add", self._say(host.name))
 
     def gates(self, reference: Measurement) -> tuple[list[GateResult], Measurement | None]:
         """/health_generate on every host's units, then the candidate (returned too, for the log)
@@ -160,6 +170,11 @@ class UnitSteps:
             self.launch()
         except DeployError as exc:
             return f"the previous launch did not start again: {exc}"
+        if self.unit.serving is not None:
+            try:
+                self.register()
+            except DeployError as exc:
+                return f"the previous launch serves again but is not back in its router: {exc}"
         return None
 
     def serves_now(self) -> bool:

@@ -132,3 +132,13 @@ class LogsReply(Reply):
 class StopReply(Reply):
     record: LaunchRecord
     outcome: dict[str, Literal["terminated", "killed"]]
+
+
+class RouterWorker(Record):
+    unit: str
+    worker: str = Field(description="the worker's URL as the router knows it")
+    done: str = Field(description='"remove", "add", "already registered", ... (legacy: the call made)')
+
+
+class RouterReply(Reply):
+    workers: list[RouterWorker]
