@@ -306,3 +306,22 @@ def test_each_unit_leaves_its_router_before_its_drain_and_comes_back_once_it_ser
     assert set(router.workers) == set(before)  # everything routed again
     assert applied(cli, hosts) == {"h1": "0.2.0", "h2": "0.1.0", "h3": "0.1.0"}
     assert "[h1] router " + router.url + ": remove " + h1 in r.stderr
+
+
+def test_back_to_a_release_passed_within_the_rollback_window_skips_the_measured_gates(hosts, cli, serving, patch_sets):
+    """h1: 0.1.0 -> 0.2.0 (gated), -> 0.1.0 (gated: never passed before), -> 0.2.0 again within
+    the window: no reference, no measurement, only /health_generate."""
+    marks, spec, pids = serving
+    inv = hosts.inventory_dir
+    spec.write_text(spec.read_text() + "rollback_window_h: 1\n")
+    for version in ("v2", "v1"):
+        r = cli("rollout", str(patch_sets[version]), "--host", "h1", "-f", str(spec), inventory=inv)
+        assert r.code == 0, r.stderr
+        assert [e["event"] for e in events(r.stderr)].count("reference") == 1
+    r = cli("rollout", str(patch_sets["v2"]), "--host", "h1", "-f", str(spec), inventory=inv)
+    assert r.code == 0, r.stderr
+    assert "passed its gates on 0.2.0 in rollout " in r.stderr and "within the rollback window (1 h)" in r.stderr
+    kinds = [e["event"] for e in events(r.stderr)]
+    assert "reference" not in kinds and "candidate" not in kinds and "rollback-window" in kinds
+    assert [(e["gate"], e["verdict"]) for e in events(r.stderr) if e["event"] == "gate"] == [("health", "pass")]
+    assert applied(cli, hosts)["h1"] == "0.2.0"

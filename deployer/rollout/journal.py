@@ -156,3 +156,25 @@ def hold_hosts(stack: ExitStack, hosts: list[str], rollout_id: str) -> None:
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{rollout_id} (pid {os.getpid()})".encode(), 0)
+
+
+def passed_recently(unit: str, version: str, window_s: float) -> tuple[str, str] | None:
+    """(rollout id, when) of the newest rollout in which `unit` passed its gates on `version`
+    within the last `window_s` seconds; None otherwise."""
+    if window_s <= 0:
+        return None
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - window_s))
+    for rollout_id in reversed(all_ids()):
+        path = rollouts_dir() / rollout_id / "events.jsonl"
+        try:
+            lines = path.read_text().splitlines()
+            events = [json.loads(line) for line in lines if line.strip()]
+        except (OSError, ValueError):
+            continue
+        if not events or events[0].get("event") != "plan" or events[0]["plan"].get("version") != version:
+            continue
+        for ev in events:
+            measured = ev.get("event") == "gate" and ev.get("unit") == unit and ev.get("gate") == "greedy"
+            if measured and ev.get("verdict") == "pass" and ev.get("at", "") >= since:
+                return rollout_id, ev["at"]
+    return None

@@ -24,7 +24,7 @@ from ..errors import DeployError
 from ..patchset import PatchSet
 from ..transport.protocol_serving import Measurement
 from .gates import verdict
-from .journal import Journal, Replay
+from .journal import Journal, Replay, passed_recently
 from .plan import Plan, Unit
 from .spec import RolloutSpec
 from .unit_steps import UnitSteps
@@ -103,9 +103,19 @@ class Rollout:
     def _change(self, unit: Unit, steps: UnitSteps) -> str:
         name = unit.name
         reference = None
+        window = self.spec.rollback_window_h * 3600
+        recent = passed_recently(name, self.plan.version, window) if unit.serving is not None else None
+        if recent is not None:
+            when = f"in rollout {recent[0]} at {recent[1]}"
+            window_h = f"{self.spec.rollback_window_h:g} h"
+            self.say(f"passed its gates on {self.plan.version} {when}, within the rollback window ({window_h}): "
+                     "only /health_generate is checked", name)  # fmt: skip
+            self.journal.write("rollback-window", unit=name, rollout=recent[0], passed_at=recent[1])
         if unit.serving is not None:
             kept = self.past.references.get(name) if self.past else None
-            if kept is not None:
+            if recent is not None:
+                pass  # within the rollback window: nothing to compare with, only the health gate
+            elif kept is not None:
                 reference = Measurement.model_validate(kept)
             elif steps.serves_now():
                 self._step(name, "reference")
@@ -123,7 +133,13 @@ class Rollout:
         self._step(name, "launch")
         steps.launch()
         if reference is None:
-            self.say("no reference measured before the change (the unit was not serving): gates skipped", name)
+            if recent is None:
+                self.say("no reference measured before the change (the unit was not serving): gates skipped", name)
+            health = steps.health_gate()
+            self.journal.write("gate", unit=name, **health.to_data())
+            self.say(f"gate {health.gate}: {health.verdict}: {health.measured} ({health.threshold})", name)
+            if health.verdict == "fail":
+                return "fail"
             steps.register()
             return "pass"
         self._step(name, "gates")

@@ -6,6 +6,7 @@ and the thresholds of the gates. Every field has a default, so no file is needed
     max_fail: 0                   # units that may fail (and go back) before the rollout aborts
     min_available: 0              # units that must still serve while a batch is changed
     drain_timeout_s: 300
+    rollback_window_h: 0          # back to a release a unit passed within this many hours: no gates
     deadlines: {build_s: 3600, launch_s: 1800, gates_s: 1800}
     steps: {build: true, tests: "not engine"}   # tests: a pytest -k expression, or false
     measure: {requests: 16, concurrency: 4, input_len: 256, output_len: 128, repeats: 3,
@@ -71,6 +72,9 @@ class RolloutSpec(_Strict):
     max_fail: str = "0"
     min_available: int = Field(0, ge=0)
     drain_timeout_s: float = Field(300.0, ge=0)
+    rollback_window_h: float = Field(
+        0.0, ge=0, description="a unit moving to a release it passed its gates on this long ago skips them (0: off)"
+    )
     deadlines: Deadlines = Deadlines()
     steps: Steps = Steps()
     measure: Measure = Measure()

@@ -132,19 +132,24 @@ class UnitSteps:
                 with agent_session(host, command=COMMAND) as agent:
                     router(agent, "add", self._say(host.name))
 
-    def gates(self, reference: Measurement) -> tuple[list[GateResult], Measurement | None]:
-        """/health_generate on every host's units, then the candidate (returned too, for the log)
-        against the reference."""
+    def health_gate(self) -> GateResult:
+        """/health_generate on every host's serving units."""
         for host in self.unit.hosts:
             with agent_session(host, command=COMMAND) as agent:
                 sick = [u for u in health(agent).units if u.status != 200]
             if sick:
                 u = sick[0]
                 why = f"HTTP {u.status}" if u.status is not None else (u.error or "no answer")
-                return [GateResult("health", "fail", f"{u.name} /health_generate: {why}", "HTTP 200")], None
+                return GateResult("health", "fail", f"{u.name} /health_generate: {why}", "HTTP 200")
+        return GateResult("health", "pass", "/health_generate 200 on every unit", "HTTP 200")
+
+    def gates(self, reference: Measurement) -> tuple[list[GateResult], Measurement | None]:
+        """The health gate, then the candidate (returned too, for the log) against the reference."""
+        first = self.health_gate()
+        if first.verdict == "fail":
+            return [first], None
         candidate = self.measure()
-        health_ok = GateResult("health", "pass", "/health_generate 200 on every unit", "HTTP 200")
-        return [health_ok, *evaluate(reference, candidate, self.spec.gates, self.spec.measure.requests)], candidate
+        return [first, *evaluate(reference, candidate, self.spec.gates, self.spec.measure.requests)], candidate
 
     def put_back(self) -> str | None:
         """The previous release serving again: stop what runs, roll back each checkout this rollout
