@@ -59,10 +59,10 @@ if not _installed_sglang_is_this_tree():
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # The real-server tests are marked slow; registered here because a patched SGLang
-    # checkout's own pytest configuration does not know the mark.
+    # The real-server tests and the nvcc build are marked slow; registered here
+    # because a patched SGLang checkout's own pytest configuration does not know it.
     config.addinivalue_line(
-        "markers", "slow: starts real sglang.launch_server processes (minutes)"
+        "markers", "slow: real sglang.launch_server processes or an nvcc build"
     )
     # pytest-xdist's, registered for runs without it (a test host's checkout).
     config.addinivalue_line("markers", "xdist_group(name): run on one xdist worker")
