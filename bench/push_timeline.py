@@ -12,7 +12,8 @@ bench_push times one (no kept connection, the checkout reset, the set not yet sh
 connection master's start and connect, then the agent's start on the new connection; with
 --baseline, the same first push of that git revision right after it in every round (each in a
 venv of its own). --rtt-ms puts bench_push's delaying proxy (a link with that round trip)
-between the client and the host; 0, the default, is loopback. Prints the medians as tables, beside one `ssh host true` in every round.
+between the client and the host; 0, the default, is loopback. Prints the medians as tables,
+beside one `ssh host true` in every round.
 ddeploy runs as a user installs it (bench_push.install_ddeploy; --checkout: from this
 checkout's .venv). Asserts nothing about timing.
 """
