@@ -44,31 +44,33 @@ def rollout(app: AppContext, version, names, groups, all_hosts, spec_file, batch
     from ..rollout import journal
     from ..rollout.plan import describe
 
-    if resume:
-        if version or names or groups or all_hosts or spec_file or batch or max_fail or canary or dry_run:
-            raise UsageError("--resume goes on with the last rollout as planned; drop the other arguments")
-        rollout_id, plan, spec, ps, past = _resumed(app)
-    else:
-        if not version:
-            raise UsageError("name the release to roll out (e.g. `ddeploy rollout 0.2.19 --group prod`)")
-        if not (names or groups or all_hosts):
-            raise UsageError("choose hosts with --host NAME, --group G or --all (see `ddeploy hosts`)")
-        from ..rollout.spec import load_spec
-
-        overrides = {"batch": batch, "max_fail": max_fail, "min_available": min_available}
-        spec = load_spec(spec_file, {**overrides, "drain_timeout_s": drain_timeout})
-        ps = chosen_set(version, None)  # verified before any host is contacted
-        hosts = app.inventory.select(names, groups, all_hosts)
-        plan = _planned(app, hosts, ps, spec, canary)
-        rollout_id, past = journal.new_id(), None
-    click.echo(describe(plan, spec), err=True)
-    if dry_run:
-        say("dry run: nothing was touched")
-        return
     with ExitStack() as stack:
-        journal.hold_hosts(stack, [h.name for u in plan.units for h in u.hosts], rollout_id)
-        if not resume and not after_failure:
-            _refuse_after_failure(plan)
+        if resume:
+            if version or names or groups or all_hosts or spec_file or batch or max_fail or canary or dry_run:
+                raise UsageError("--resume goes on with the last rollout as planned; drop the other arguments")
+            rollout_id, plan, spec, ps, past = _resumed(app)
+            journal.hold_hosts(stack, [h.name for u in plan.units for h in u.hosts], rollout_id)
+        else:
+            if not version:
+                raise UsageError("name the release to roll out (e.g. `ddeploy rollout 0.2.19 --group prod`)")
+            if not (names or groups or all_hosts):
+                raise UsageError("choose hosts with --host NAME, --group G or --all (see `ddeploy hosts`)")
+            from ..rollout.spec import load_spec
+
+            overrides = {"batch": batch, "max_fail": max_fail, "min_available": min_available}
+            spec = load_spec(spec_file, {**overrides, "drain_timeout_s": drain_timeout})
+            ps = chosen_set(version, None)  # verified before any host is contacted
+            hosts = app.inventory.select(names, groups, all_hosts)
+            rollout_id, past = journal.new_id(), None
+            if not dry_run:  # held before the hosts are read, so the plan is this rollout's own
+                journal.hold_hosts(stack, [h.name for h in hosts], rollout_id)
+                if not after_failure:
+                    _refuse_after_failure({h.name for h in hosts})
+            plan = _planned(app, hosts, ps, spec, canary)
+        click.echo(describe(plan, spec), err=True)
+        if dry_run:
+            say("dry run: nothing was touched")
+            return
         log = journal.Journal(rollout_id)
         if past is None:
             log.write("plan", plan=plan.to_data(), spec=spec.model_dump(), source=_source(version, ps))
@@ -142,14 +144,14 @@ def _resumed(app: AppContext):
     return last, plan, RolloutSpec.model_validate(past.spec), ps, past
 
 
-def _refuse_after_failure(plan) -> None:
+def _refuse_after_failure(hosts: set[str]) -> None:
     """A failed rollout holds its hosts until the operator says otherwise (--after-failure)."""
     from ..rollout import journal
 
-    failed = journal.last_failed({h.name for u in plan.units for h in u.hosts})
+    failed = journal.last_failed(hosts)
     if failed is not None:
-        rollout_id, hosts = failed
+        rollout_id, held = failed
         raise StateError(
-            f"the last rollout over {', '.join(sorted(hosts))} ({rollout_id}) failed; look at its events "
+            f"the last rollout over {', '.join(sorted(held))} ({rollout_id}) failed; look at its events "
             f"({journal.rollouts_dir() / rollout_id / 'events.jsonl'}), then start again with --after-failure"
         )
