@@ -123,14 +123,19 @@ RESULT = {
     "at": "2026-12-02T04:22:57Z",
     "applied": "ddtree 0.2.9",
     "compare": "linear",
-    "params": {"requests": 8, "concurrency": [4], "input_len": 16, "output_len": 32, "temperature": 0.0},
+    "params": {"requests": 8, "concurrency": [4], "input_len": 16, "output_len": 32, "temperature": 0.0,
+               "warmup": 1, "repeats": 3},
     "configs": [
         {"config": "ddtree", "tree_budget": 14, "tree_topk": 2, "verify_width": 15, "concurrency": 4,
          "accept_length": 4.0, "verify_count": 72, "output_tokens_per_s": 73.6, "speedup": 1.857,
+         "output_tokens_per_s_min": 70.2, "output_tokens_per_s_max": 75.0, "repeats": 3,
+         "speedup_interval": {"low": 1.71, "high": 1.97, "runs": [3, 3], "excludes_one": True},
          "ttft_ms_median": 386.9, "ttft_ms_p99": 617.6, "itl_ms_median": 32.4, "itl_ms_p99": 130.4,
          "greedy_equal": True},
         {"config": "linear", "tree_budget": None, "tree_topk": None, "verify_width": 4, "concurrency": 4,
          "accept_length": 1.94, "verify_count": 136, "output_tokens_per_s": 39.7, "speedup": None,
+         "output_tokens_per_s_min": 38.1, "output_tokens_per_s_max": 41.0, "repeats": 3,
+         "speedup_interval": None,
          "ttft_ms_median": 279.1, "ttft_ms_p99": 1095.7, "itl_ms_median": 67.1, "itl_ms_p99": 364.5,
          "greedy_equal": True},
     ],
@@ -140,9 +145,13 @@ RESULT = {
 
 def test_the_bench_table_and_the_status_cell():
     text = bench_table(RESULT)
-    assert "ddtree B=14 K=2 (W=15)  4            4.00           72            73.6          1.86x" in text
-    assert "linear (W=4)" in text and "vs linear" in text
-    assert text.endswith("greedy check: 8 prompts, ddtree equals linear token for token")
+    assert "; medians of 3 runs per concurrency after 1 warm-up run per config\n" in text
+    assert "ddtree B=14 K=2 (W=15)  4            4.00           72            73.6          70.2-75.0     1.86x" in text
+    assert "linear (W=4)" in text and "vs linear" in text and "38.1-41.0" in text
+    assert text.endswith(
+        "speedup at concurrency 4: DDTree 1.86x linear (1.71-1.97 over 3x3 runs)\n"
+        "greedy check: 8 prompts, ddtree equals linear token for token"
+    )
     assert bench_text(RESULT) == "cpu-tiny: ddtree 73.6 tok/s vs linear 39.7 tok/s, greedy equal (2026-12-02T04:22:57Z)"
     failed = {
         **RESULT,

@@ -97,6 +97,12 @@ def test_local_cpu_tiny_serves_ddtree_and_beats_linear_dflash(cli, local_launch_
         assert row["greedy_equal"] is True
     assert result["greedy"] == {"checked": True, "equal": True, "prompts": 8, "difference": None}
     assert ddtree["speedup"] == pytest.approx(ddtree["output_tokens_per_s"] / linear["output_tokens_per_s"])
+    # The defaults: 1 warm-up run, then 3 runs per config whose medians the rows are.
+    assert result["params"]["warmup"] == 1 and result["params"]["repeats"] == 3
+    for row in (ddtree, linear):
+        assert row["warmup_runs"] == 1 and row["repeats"] == 3 and len(row["runs"]) == 3
+        assert row["output_tokens_per_s_min"] <= row["output_tokens_per_s"] <= row["output_tokens_per_s_max"]
+    assert ddtree["speedup_interval"]["runs"] == [3, 3] and linear["speedup_interval"] is None
     assert result["applied"].startswith("ddtree ") and result["serving"][0]["tp_size"] == 2
 
     # What was serving before serves again: the DDTree launch from its own script, a new process.

@@ -3,8 +3,9 @@
 it ends.
 
     measure     `python -m sglang.benchmark.serving` (0.5.23's name; `sglang.bench_serving` is
-                its deprecated alias) once per concurrency with the unit's env file sourced (the
-                same SGLang as the server), then the greedy probes: fixed prompts through
+                its deprecated alias) with the unit's env file sourced (the same SGLang as the
+                server): `warmup` runs at the first concurrency (discarded), then `repeats` runs
+                in a row per concurrency; then the greedy probes: fixed prompts through
                 /generate one at a time, their tokens and the server's verify counts.
     compare     the launch is stopped, the baseline's units (rendered by the client) start beside
                 it, are waited for, measured and stopped, and the launch is started again from its
@@ -95,29 +96,31 @@ def past_deadline(req: dict, during: str) -> Fail:
     )
 
 
-def run_client(req: dict, unit: dict, concurrency: int) -> dict:
+def run_client(req: dict, unit: dict, concurrency: int, which: str) -> dict:
+    """One run of the client (`which`: "run 2 of 3", "warm-up run 1 of 1"); its JSON result."""
     limit = float(req.get("timeout") or 3600)
     budget = remaining(req)
     with tempfile.TemporaryDirectory(prefix="ddeploy-bench-") as tmp:
         out_file = os.path.join(tmp, "result.jsonl")
         log = os.path.join(os.path.dirname(unit["log"]), "bench.log")
         with open(log, "a") as fh:
-            fh.write("=== ddeploy bench concurrency %d at %s ===\n" % (concurrency, now()))
+            fh.write("=== ddeploy bench concurrency %d, %s at %s ===\n" % (concurrency, which, now()))
             fh.flush()
             proc = subprocess.Popen(  # its own process group: stopped whole at a timeout
                 bench_argv(req, unit, concurrency, out_file),
                 stdin=subprocess.DEVNULL, stdout=fh, stderr=fh, start_new_session=True,
             )  # fmt: skip
             ended = supervise(proc, min(limit, budget))
+        where = "concurrency %d (%s)" % (concurrency, which)
         if ended == "timeout" and budget < limit:
-            raise past_deadline(req, "%s at concurrency %d (log %s)" % (BENCH_MODULE, concurrency, log))
+            raise past_deadline(req, "%s at %s (log %s)" % (BENCH_MODULE, where, log))
         if ended == "gone":
             raise Fail("StateError", "the client went away during the benchmark; its run on the host was stopped")
         if ended == "timeout":
             raise Fail(
                 "RemoteCommandError",
-                "%s ran past the run timeout (%.0f s) at concurrency %d and was stopped; raise --run-timeout or "
-                "lower --requests (log %s)" % (BENCH_MODULE, limit, concurrency, log),
+                "%s ran past the run timeout (%.0f s) at %s and was stopped; raise --run-timeout or "
+                "lower --requests (log %s)" % (BENCH_MODULE, limit, where, log),
             )
         check_client(req, unit, proc.returncode, out_file, log)
         with open(out_file) as fh:
@@ -215,21 +218,45 @@ def run_row(result: dict, concurrency: int, before, after) -> dict:
     }
 
 
-def measure(req: dict, record: dict) -> dict:
-    """The client per concurrency against the record's (single) unit, then the greedy probes."""
-    unit = record["units"][0]
+def warm_up(req: dict, unit: dict) -> int:
+    """The warm-up: `warmup` client runs at the first concurrency, their results discarded."""
+    count = int(req["params"].get("warmup") or 0)
+    concurrency = req["params"]["concurrency"][0]
+    for i in range(count):
+        which = "warm-up run %d of %d" % (i + 1, count)
+        progress("%s: %s, concurrency %d, %s (not counted)" % (unit["name"], BENCH_MODULE, concurrency, which))
+        run_client(req, unit, concurrency, which)
+    return count
+
+
+def measured_runs(req: dict, unit: dict) -> list:
+    """The client `repeats` times in a row per concurrency: each run's numbers."""
+    repeats = int(req["params"].get("repeats") or 1)
     runs = []
     for concurrency in req["params"]["concurrency"]:
-        progress("%s: %s, concurrency %d" % (unit["name"], BENCH_MODULE, concurrency))
-        before = verify_calls(unit["url"])
-        result = run_client(req, unit, concurrency)
-        runs.append(run_row(result, concurrency, before, verify_calls(unit["url"])))
+        for i in range(repeats):
+            which = "run %d of %d" % (i + 1, repeats)
+            shown = ", " + which if repeats > 1 else ""
+            progress("%s: %s, concurrency %d%s" % (unit["name"], BENCH_MODULE, concurrency, shown))
+            before = verify_calls(unit["url"])
+            result = run_client(req, unit, concurrency, which)
+            runs.append(run_row(result, concurrency, before, verify_calls(unit["url"])))
+    return runs
+
+
+def measure(req: dict, record: dict) -> dict:
+    """The warm-up, then the measured runs against the record's (single) unit, then the greedy
+    probes."""
+    unit = record["units"][0]
+    warmup = warm_up(req, unit)
+    runs = measured_runs(req, unit)
     probes = greedy_probes(req, unit) if req.get("probes") else None
     info = http_json(unit["url"] + "/server_info")
     return {
         "record": record,
         "serving": serving_summary(info),
         "server_args": {k: v for k, v in info.items() if k != "internal_states"},
+        "warmup": warmup,
         "runs": runs,
         "probes": probes,
     }

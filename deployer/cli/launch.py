@@ -109,35 +109,50 @@ def stop(app: AppContext, host, grace, sets) -> None:
 @click.option("--output-len", default=256, show_default=True, type=int, help="Tokens generated per request.")
 @click.option("--temperature", default=0.0, show_default=True, type=float, help="0: greedy (and the greedy check).")
 @click.option("--seed", default=1, show_default=True, type=int, help="Seed of the prompts.")
+@click.option(
+    "--warmup",
+    default=1,
+    show_default=True,
+    type=int,
+    help="Client runs at the first concurrency before each config's measured runs; their results are discarded.",
+)
+@click.option(
+    "--repeats",
+    default=3,
+    show_default=True,
+    type=int,
+    help="Client runs per concurrency and config; the table shows their medians, the speedup an interval.",
+)
 @wait_timeout_option("Seconds a server may take to serve (the baseline's and the restart's too).")
 @click.option(
     "--run-timeout",
     default=3600.0,
     show_default=True,
     type=click.FloatRange(min=1),
-    help="Seconds one run of the benchmark client may take; then it is stopped on the host.",
+    help="Seconds one run of the benchmark client (warm-up or measured) may take; then it is stopped on the host.",
 )
 @click.option(
     "--timeout",
     type=click.FloatRange(min=1),
     help="Seconds the whole benchmark may take on the host (client runs, greedy probes, the baseline's start); "
-    "past it the run is stopped, the launch serves again as before, and bench fails.  [default: every run at "
-    "--run-timeout + 600 s of probes per config, + --wait-timeout with --compare]",
+    "past it the run is stopped, the launch serves again as before, and bench fails.  [default: every run, "
+    "warm-up and repeats, at --run-timeout + 600 s of probes per config, + --wait-timeout with --compare]",
 )
 @click.option("--yes", "-y", is_flag=True, help="Restart a running server for --compare without asking.")
 @click.option("--json", "as_json", is_flag=True, help="The result as JSON on stdout (docs/json.md).")
 @set_option
 @click.pass_obj
 def bench(app: AppContext, host, topology, compare, requests, concurrency, input_len, output_len, temperature,
-          seed, wait_timeout, run_timeout, timeout, yes, as_json, sets) -> None:  # fmt: skip
+          seed, warmup, repeats, wait_timeout, run_timeout, timeout, yes, as_json, sets) -> None:  # fmt: skip
     """Measure the launched server with SGLang's benchmark client, run on the host: tokens/s, TTFT,
-    ITL, accept length per concurrency; --compare adds the baseline and the greedy check."""
+    ITL, accept length per concurrency (medians of --repeats runs after --warmup); --compare adds
+    the baseline, the speedup with its interval, and the greedy check."""
     from ..ops import bench as bc
     from ..render import launch_dir_for
 
     params = bc.BenchParams(
         requests, tuple(concurrency) or (1, 16), input_len, output_len, temperature, seed, wait_timeout, run_timeout,
-        timeout,
+        timeout, warmup=warmup, repeats=repeats,
     )  # fmt: skip
     target = app.inventory.get(host)
     if compare and not yes and sys.stdin.isatty():

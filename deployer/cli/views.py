@@ -206,45 +206,75 @@ def _num(value: Any, fmt: str = ".1f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def bench_table(result: dict[str, Any]) -> str:
-    """`ddeploy bench`: a heading, one row per (config, concurrency), the greedy verdict."""
+CONFIG_NAMES = {"ddtree": "DDTree"}  # as a verdict names a config; the others by their own name
+
+
+def bench_head(result: dict[str, Any]) -> str:
     p = result["params"]
-    head = (
+    repeats, warmup = p.get("repeats", 1), p.get("warmup", 0)
+    runs = f"medians of {repeats} runs" if repeats > 1 else "one run"
+    warm = f"{warmup} warm-up run{'' if warmup == 1 else 's'}"
+    return (
         f"host {result['host']}, topology {result['topology']} ({result.get('applied') or 'no patch set'}): "
         f"{p['requests']} requests of {p['input_len']} -> {p['output_len']} tokens, temperature {p['temperature']:g}, "
-        "SGLang's benchmark client on the host"
+        f"SGLang's benchmark client on the host; {runs} per concurrency after {warm} per config"
     )
-    baseline = result.get("compare")
-    rows = []
-    for r in result["configs"]:
-        label = r["config"] + (f" B={r['tree_budget']} K={r['tree_topk']}" if r["config"] == "ddtree" else "")
-        rows.append(
-            [
-                f"{label} (W={r['verify_width'] or '-'})",
-                str(r["concurrency"]),
-                _num(r["accept_length"], ".2f"),
-                _num(r.get("verify_count"), "d"),
-                _num(r["output_tokens_per_s"]),
-                "-" if r.get("speedup") is None else f"{r['speedup']:.2f}x",
-                f"{_num(r['ttft_ms_median'])} / {_num(r['ttft_ms_p99'])}",
-                f"{_num(r['itl_ms_median'])} / {_num(r['itl_ms_p99'])}",
-            ]
-        )
-    headers = ["config", "concurrency", "accept length", "verify steps", "output tok/s",
-               f"vs {baseline or '-'}", "TTFT ms p50 / p99", "ITL ms p50 / p99"]  # fmt: skip
-    g = result["greedy"]
+
+
+def bench_row(r: dict[str, Any]) -> list[str]:
+    label = r["config"] + (f" B={r['tree_budget']} K={r['tree_topk']}" if r["config"] == "ddtree" else "")
+    low, high = r.get("output_tokens_per_s_min"), r.get("output_tokens_per_s_max")
+    spread = f"{_num(low)}-{_num(high)}" if r.get("repeats", 1) > 1 and low is not None else "-"
+    return [
+        f"{label} (W={r['verify_width'] or '-'})",
+        str(r["concurrency"]),
+        _num(r["accept_length"], ".2f"),
+        _num(r.get("verify_count"), "d"),
+        _num(r["output_tokens_per_s"]),
+        spread,
+        "-" if r.get("speedup") is None else f"{r['speedup']:.2f}x",
+        f"{_num(r['ttft_ms_median'])} / {_num(r['ttft_ms_p99'])}",
+        f"{_num(r['itl_ms_median'])} / {_num(r['itl_ms_p99'])}",
+    ]
+
+
+def speedup_verdict(row: dict[str, Any], baseline: str) -> str:
+    """One concurrency's speedup: shown when its interval leaves out 1.0, else inside the noise."""
+    name = CONFIG_NAMES.get(row["config"], row["config"])
+    lead = f"speedup at concurrency {row['concurrency']}: "
+    shown = f"{name} {row['speedup']:.2f}x {baseline}"
+    iv = row.get("speedup_interval")
+    if iv is None:
+        return lead + f"{shown} (under 2 runs a side: no interval; --repeats 2 or more gives one)"
+    span = f"{iv['low']:.2f}-{iv['high']:.2f} over {iv['runs'][0]}x{iv['runs'][1]} runs"
+    if iv["excludes_one"]:
+        return lead + f"{shown} ({span})"
+    return lead + f"inside the noise ({span}): no difference shown"
+
+
+def greedy_verdict(result: dict[str, Any]) -> str:
+    g, baseline = result["greedy"], result.get("compare")
     if not g["checked"]:
-        verdict = "greedy check: not run (it needs --compare and temperature 0)"
-    elif g["equal"]:
+        return "greedy check: not run (it needs --compare and temperature 0)"
+    if g["equal"]:
         first = result["configs"][0]["config"]
-        verdict = f"greedy check: {g['prompts']} prompts, {first} equals {baseline} token for token"
-    else:
-        d = g["difference"]
-        verdict = (
-            f"greedy check: FAILED on probe prompt {d['prompt']} at output token {d['position']} "
-            f"({d['got']} vs {baseline}'s {d['baseline']})"
-        )
-    return f"{head}\n{table(rows, headers)}\n{verdict}"
+        return f"greedy check: {g['prompts']} prompts, {first} equals {baseline} token for token"
+    d = g["difference"]
+    return (
+        f"greedy check: FAILED on probe prompt {d['prompt']} at output token {d['position']} "
+        f"({d['got']} vs {baseline}'s {d['baseline']})"
+    )
+
+
+def bench_table(result: dict[str, Any]) -> str:
+    """`ddeploy bench`: a heading, one row per (config, concurrency), the speedup verdicts, the
+    greedy verdict."""
+    baseline = result.get("compare")
+    rows = [bench_row(r) for r in result["configs"]]
+    headers = ["config", "concurrency", "accept length", "verify steps", "output tok/s", "runs min-max",
+               f"vs {baseline or '-'}", "TTFT ms p50 / p99", "ITL ms p50 / p99"]  # fmt: skip
+    verdicts = [speedup_verdict(r, baseline) for r in result["configs"] if r.get("speedup") is not None]
+    return "\n".join([bench_head(result), table(rows, headers), *verdicts, greedy_verdict(result)])
 
 
 def describe_status(status: HostStatus) -> str:

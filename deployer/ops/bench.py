@@ -23,7 +23,8 @@ from ..inventory import Host
 from ..render import RenderedUnit, render_hosts
 from ..transport.agent_client import AgentSession, agent_session
 from ..transport.protocol import HostState, StateReply
-from ..transport.protocol_serving import BenchReply, BenchSaveReply, LaunchRecord, WaitReply
+from ..transport.protocol_serving import BenchReply, BenchRun, BenchSaveReply, LaunchRecord, Measurement, WaitReply
+from . import bench_stats
 from .launch import build_cache_dir, unit_request, wait_serving
 
 Say = Callable[[str], None]
@@ -46,23 +47,34 @@ class BenchParams:
     wait_timeout: float = 900.0
     run_timeout: float = 3600.0
     timeout: float | None = None  # the whole benchmark; None: deadline() from the other options
+    # Client runs per config before the measured ones (discarded), and runs per concurrency. The
+    # CLI's defaults are 1 and 3; these keep a caller that repeats on its own (rollout) as it was.
+    warmup: int = 0
+    repeats: int = 1
+
+    def client_runs(self) -> int:
+        """Client runs per measured config: the warm-up, then each concurrency `repeats` times."""
+        return self.warmup + self.repeats * len(self.concurrency)
 
     def deadline(self, compare: str | None) -> float:
         """Seconds the whole benchmark may take on the host (its clients, probes and the baseline's
-        start): every client run at its run timeout plus PROBE_BUDGET_S of probes per measured
-        config, and the baseline's start at the wait timeout."""
+        start): every client run (warm-up and repeats) at its run timeout plus PROBE_BUDGET_S of
+        probes per measured config, and the baseline's start at the wait timeout."""
         if self.timeout is not None:
             return self.timeout
         configs = 2 if compare else 1
-        per_config = len(self.concurrency) * self.run_timeout + PROBE_BUDGET_S
+        per_config = self.client_runs() * self.run_timeout + PROBE_BUDGET_S
         return configs * per_config + (self.wait_timeout if compare else 0.0)
 
     def check(self) -> None:
         sizes = {"requests": self.requests, "input-len": self.input_len, "output-len": self.output_len}
+        sizes["repeats"] = self.repeats
         bad = [f"--{name} {value}" for name, value in sizes.items() if value < 1]
         bad += [f"--concurrency {c}" for c in self.concurrency if c < 1]
         if bad:
             raise UsageError(f"{', '.join(bad)}: must be at least 1")
+        if self.warmup < 0:
+            raise UsageError(f"--warmup {self.warmup}: must be 0 or more")
         if self.timeout is not None and self.timeout <= 0:
             raise UsageError(f"--timeout {self.timeout:g}: must be positive")
         if self.temperature < 0:
@@ -76,6 +88,8 @@ class BenchParams:
             "output_len": self.output_len,
             "temperature": self.temperature,
             "seed": self.seed,
+            "warmup": self.warmup,
+            "repeats": self.repeats,
         }
 
 
@@ -98,6 +112,46 @@ def first_difference(expected: list[list[int]], got: list[list[int]]) -> tuple[i
 
 def _at(tokens: list[int], j: int) -> str:
     return str(tokens[j]) if j < len(tokens) else "end"
+
+
+def by_concurrency(runs: list[BenchRun]) -> dict[int, list[dict[str, Any]]]:
+    """The client's runs grouped by concurrency, in the order they ran."""
+    grouped: dict[int, list[dict[str, Any]]] = {}
+    for run in runs:
+        data = run.to_data()
+        grouped.setdefault(data.pop("concurrency"), []).append(data)
+    return grouped
+
+
+def config_rows(reply: Measurement, baseline: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per concurrency of a measured config: the medians of its runs (and the runs), and
+    with `baseline`'s runs the speedup over them."""
+    probe_tokens = sum(p.completion_tokens or 0 for p in reply.probes or [])
+    probe_verify = sum(p.verify_count or 0 for p in reply.probes or [])
+    s = reply.serving
+    rows = []
+    for concurrency, runs in by_concurrency(reply.runs).items():
+        base_tps = bench_stats.throughputs(baseline.get(concurrency, []))
+        speed = bench_stats.speedup(bench_stats.throughputs(runs), base_tps) or {"ratio": None, "interval": None}
+        rows.append(
+            {
+                "config": s.config,
+                "script": reply.record.units[0].script_file,
+                "verify_width": s.verify_width,
+                "tree_budget": s.tree_budget,
+                "tree_topk": s.tree_topk,
+                "concurrency": concurrency,
+                **bench_stats.median_row(runs),
+                "speedup": speed["ratio"],
+                "speedup_interval": speed["interval"],
+                "probe_accept_length": probe_tokens / probe_verify if probe_verify else None,
+                "probe_verify_count": probe_verify or None,
+                "repeats": len(runs),
+                "warmup_runs": reply.warmup,
+                "runs": runs,
+            }
+        )
+    return rows
 
 
 class Bench:
@@ -220,30 +274,11 @@ class Bench:
                     "baseline": _at(want[i], j),
                     "got": _at(have[i], j),
                 }
+        base_runs = by_concurrency(rows[-1][1].runs) if len(rows) == 2 else {}
         configs = []
-        base_runs = {r.concurrency: r for r in rows[-1][1].runs} if len(rows) == 2 else {}
-        for record, reply in rows:
-            probe_tokens = sum(p.completion_tokens or 0 for p in reply.probes or [])
-            probe_verify = sum(p.verify_count or 0 for p in reply.probes or [])
-            for run in reply.runs:
-                baseline_run = base_runs.get(run.concurrency)
-                speedup = None
-                if baseline_run and record is first_record and baseline_run.output_tokens_per_s:
-                    speedup = (run.output_tokens_per_s or 0) / baseline_run.output_tokens_per_s
-                configs.append(
-                    {
-                        "config": reply.serving.config,
-                        "script": record.units[0].script_file,
-                        "verify_width": reply.serving.verify_width,
-                        "tree_budget": reply.serving.tree_budget,
-                        "tree_topk": reply.serving.tree_topk,
-                        **run.to_data(),
-                        "speedup": speedup,
-                        "probe_accept_length": probe_tokens / probe_verify if probe_verify else None,
-                        "probe_verify_count": probe_verify or None,
-                        "greedy_equal": equal,
-                    }
-                )
+        for _, reply in rows:
+            compared = base_runs if reply is first else {}
+            configs += [{**row, "greedy_equal": equal} for row in config_rows(reply, compared)]
         build = state.builds.get(self.host.gpu.arch)
         return {
             "host": self.host.name,

@@ -106,12 +106,14 @@ class Probe(Record):
 
 
 class Measurement(Record):
-    """One launch measured by `bench`: the client per concurrency, then the greedy probes."""
+    """One launch measured by `bench`: the warm-up runs, the client `repeats` times per concurrency,
+    then the greedy probes."""
 
     record: LaunchRecord
     serving: Serving
     server_args: dict[str, Any] = {}
-    runs: list[BenchRun]
+    warmup: int = Field(default=0, description="client runs made at the first concurrency and discarded")
+    runs: list[BenchRun] = Field(description="every measured run, per concurrency `repeats` in a row")
     probes: list[Probe] | None = None
 
 
