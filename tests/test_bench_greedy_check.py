@@ -10,30 +10,16 @@ tests' control; here a stand-in makes the deploy tool's side of it cheap to prov
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 import pytest
 
 from processes import alive, free_port
-from test_bench_interrupt import _healthy_config, _launch_args, _stand_in_pids, launches_dir
+from test_bench_interrupt import _healthy_config, _launch_args, _stand_in_pids, launches_dir, marks  # noqa: F401
 from test_launch_lifecycle import _record
 
 pytestmark = pytest.mark.sshd
 
 BENCH = ("--requests", "4", "--concurrency", "2", "--input-len", "8", "--output-len", "16")
-
-
-@pytest.fixture
-def marks(hosts, cli, tmp_path):
-    """The stand-ins' marks dir; afterwards h1's launch is stopped and no stand-in is left."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    yield marks
-    cli("stop", "--host", "h1", "--grace", "2", inventory=hosts.inventory_dir)
-    for pid in _stand_in_pids(marks):
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("diverging", ["", "ddtree"], ids=["equal", "ddtree-diverges"])

@@ -104,6 +104,19 @@ def _stand_in_pids(marks: Path) -> list[int]:
     return [int(f.read_text()) for f in marks.iterdir() if f.read_text().strip()]
 
 
+@pytest.fixture
+def marks(hosts, cli, tmp_path):
+    """The stand-ins' marks dir for a test on h1 (the stand-in tests import it); afterwards h1's
+    launch is stopped and no stand-in is left."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    yield marks
+    cli("stop", "--host", "h1", "--grace", "2", inventory=hosts.inventory_dir)
+    for pid in _stand_in_pids(marks):
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _interrupt_bench(inventory, host, marks, phase, sig) -> tuple[int, str]:
     """Run `bench --compare` as its own process, send `sig` to its group once `phase` runs; (rc, stderr)."""
     marker, _ = PHASES[phase]

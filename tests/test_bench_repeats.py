@@ -8,31 +8,17 @@ per run in order, so each number shows which run it came from (the warm-up's is 
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 import pytest
 
-from processes import alive, free_port
-from test_bench_interrupt import _launch_args, _stand_in_pids
+from processes import free_port
+from test_bench_interrupt import _launch_args, _stand_in_pids, marks  # noqa: F401
 
 pytestmark = pytest.mark.sshd
 
 SIZES = ("--requests", "1", "--input-len", "4", "--output-len", "4")
 # run 0 is the warm-up; then concurrency 1's three runs, then concurrency 2's
 TPS = "ddtree=1000,100,120,110,200,180,190 linear=1,50,55,60,190,200,195"
-
-
-@pytest.fixture
-def marks(hosts, cli, tmp_path):
-    """The stand-ins' marks dir; afterwards h1's launch is stopped and no stand-in is left."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    yield marks
-    cli("stop", "--host", "h1", "--grace", "2", inventory=hosts.inventory_dir)
-    for pid in _stand_in_pids(marks):
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
 
 
 def _client_runs(marks, config: str) -> int:

@@ -8,16 +8,14 @@ stand-in's release hooks: a checkout with `python/sglang/standin_diverge` answer
 from __future__ import annotations
 
 import json
-import os
-import signal
 import threading
 import time
 import urllib.request
 
 import pytest
 
-from processes import alive, free_port, wait_until
-from test_bench_interrupt import STAND_IN, _launch_args, _stand_in_pids
+from processes import free_port, wait_until
+from test_bench_interrupt import STAND_IN, _launch_args, _stand_in_pids, marks  # noqa: F401
 
 from deployer.agent.serving_checks import gauge_totals
 from deployer.errors import RemoteCommandError, StateError
@@ -28,18 +26,6 @@ from deployer.transport.agent_client import agent_session
 pytestmark = pytest.mark.sshd
 
 PROMPT = [5, 7, 11]
-
-
-@pytest.fixture
-def marks(hosts, cli, tmp_path):
-    """The stand-ins' marks dir; afterwards h1's launch is stopped and no stand-in is left."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    yield marks
-    cli("stop", "--host", "h1", "--grace", "2", inventory=hosts.inventory_dir)
-    for pid in _stand_in_pids(marks):
-        if alive(pid):
-            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
