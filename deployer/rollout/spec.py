@@ -9,8 +9,8 @@ and the thresholds of the gates. Every field has a default, so no file is needed
     rollback_window_h: 0          # back to a release a unit passed within this many hours: no gates
     deadlines: {build_s: 3600, launch_s: 1800, gates_s: 1800}
     steps: {build: true, tests: "not engine"}   # tests: a pytest -k expression, or false
-    measure: {requests: 16, concurrency: 4, input_len: 256, output_len: 128, repeats: 3,
-              probes: 8, probe_tokens: 64, seed: 1}
+    measure: {requests: 16, concurrency: 4, input_len: 256, output_len: 128, warmup: 1,
+              repeats: 3, probes: 8, probe_tokens: 64, seed: 1}
     gates: {accept_length_drop_pct: 5, throughput_drop_pct: 10, itl_p99_rise_pct: 10}
 """
 
@@ -55,6 +55,7 @@ class Measure(_Strict):
     concurrency: int = Field(4, ge=1)
     input_len: int = Field(256, ge=1)
     output_len: int = Field(128, ge=1)
+    warmup: int = Field(1, ge=0, description="client runs before the measured ones, discarded")
     repeats: int = Field(3, ge=1, description="client runs per measurement: their spread is the noise")
     probes: int = Field(8, ge=1, description="fixed prompts whose greedy completions must not change")
     probe_tokens: int = Field(64, ge=1)

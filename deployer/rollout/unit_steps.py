@@ -56,7 +56,7 @@ class UnitSteps:
         m = self.spec.measure
         return BenchParams(
             requests=m.requests,
-            concurrency=(m.concurrency,) * m.repeats,
+            concurrency=(m.concurrency,),
             input_len=m.input_len,
             output_len=m.output_len,
             temperature=0.0,
@@ -64,10 +64,13 @@ class UnitSteps:
             wait_timeout=self.spec.deadlines.launch_s,
             run_timeout=self.spec.deadlines.gates_s,
             timeout=self.spec.deadlines.gates_s,
+            warmup=m.warmup,
+            repeats=m.repeats,
         )
 
     def measure(self) -> Measurement:
-        """The serving unit measured: the client `repeats` times, then the greedy probes."""
+        """The serving unit measured: the client's warm-up (discarded), `repeats` runs, then the
+        greedy probes."""
         host, m = self.lead, self.spec.measure
         base = launch_dir_for(host)
         with agent_session(host, command=COMMAND) as agent:
