@@ -325,3 +325,52 @@ def test_back_to_a_release_passed_within_the_rollback_window_skips_the_measured_
     assert "reference" not in kinds and "candidate" not in kinds and "rollback-window" in kinds
     assert [(e["gate"], e["verdict"]) for e in events(r.stderr) if e["event"] == "gate"] == [("health", "pass")]
     assert applied(cli, hosts)["h1"] == "0.2.0"
+
+
+def test_a_killed_client_resumed_puts_back_what_it_had_applied(hosts, cli, serving, broken):
+    """The client killed (a cut link) once the canary's broken release is pushed and starting:
+    `--resume` redoes h1, whose push is then a no-op, and its failed greedy gate still rolls the
+    checkout back to 0.1.0: the put-back reads the host's applied release, not this process's."""
+    marks, spec, pids = serving
+    inv = hosts.inventory_dir
+    argv = [sys.executable, "-c", CLI, "-i", str(inv), "rollout", str(broken), "--all", "-f", str(spec)]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert wait_until(lambda: _marked(marks, "server-ddtree-", 4), 90), "h1's new server never started"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert applied(cli, hosts)["h1"] == "0.3.0"  # cut after the push: the host keeps what it got
+    r = cli("rollout", "--resume", inventory=inv)
+    assert r.code == 1, r.stderr
+    assert "gate greedy: fail" in r.stderr and "rolling back 0.3.0 to 0.1.0" in r.stderr
+    assert applied(cli, hosts) == dict.fromkeys(NAMES, "0.1.0")
+    record = read_record(launches_dir(hosts, "h1"))
+    assert record["state"] == "running" and alive(record["units"][0]["pid"])
+
+
+@pytest.fixture(scope="module")
+def unbuildable(tmp_path_factory) -> Path:
+    """0.2.1: a release with kernel sources whose build fails (its ddtree_build exits 1)."""
+    root = tmp_path_factory.mktemp("unbuildable")
+    build = "python/sglang/srt/speculative/ddtree_build.py"
+    kernel = {build: "raise SystemExit('no build here')\n", "python/sglang/kernels/jit/ddtree_x.cuh": "// x\n"}
+    concerns = [("builder", {STUB: "VERSION = 21\n"}), ("kernel", kernel)]
+    return make_patch_set(root / "0.2.1", "0.2.1", concerns)
+
+
+def test_a_change_that_fails_after_its_push_applied_is_rolled_back(hosts, cli, serving, unbuildable):
+    """`push --build`: the push applies 0.2.1 and its kernel build then fails, so the change step
+    raises with no result to say what it changed: the put-back reads the host's applied release
+    and rolls it back to 0.1.0."""
+    marks, spec, pids = serving
+    spec.write_text(spec.read_text().replace("build: false", "build: true"))
+    r = cli("rollout", str(unbuildable), "--host", "h1", "-f", str(spec), inventory=hosts.inventory_dir)
+    assert r.code == 1, r.stderr
+    assert "[h1] failed: " in r.stderr and "rolling back 0.2.1 to 0.1.0" in r.stderr, r.stderr
+    assert applied(cli, hosts)["h1"] == "0.1.0"
+    record = read_record(launches_dir(hosts, "h1"))
+    assert record["state"] == "running" and alive(record["units"][0]["pid"]), r.stderr

@@ -88,6 +88,12 @@ def rollout(app: AppContext, version, names, groups, all_hosts, spec_file, batch
     if as_json:
         emit_json({"id": rollout_id, "state": state, "units": rows, "events": str(log.path)})
     if state == "failed":
+        stuck = [r["unit"] for r in rows if r["result"] == "put-back-failed"]
+        if stuck:
+            raise RolloutFailed(
+                f"rollout {rollout_id} failed and {', '.join(stuck)} could not be put back (see {log.path}): "
+                f"bring each back by hand (`ddeploy rollback --host H --to V`, `ddeploy launch --host H ... --wait`)"
+            )
         raise RolloutFailed(
             f"rollout {rollout_id} failed; the failed units serve their previous release (see {log.path})"
         )

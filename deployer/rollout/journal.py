@@ -65,9 +65,8 @@ class Replay:
     plan: dict[str, Any]
     spec: dict[str, Any]
     source: dict[str, Any]  # the patch set: version argument, name, version, fingerprint
-    finished: dict[str, str] = field(default_factory=dict)  # unit -> pass / inconclusive / rolled-back
+    finished: dict[str, str] = field(default_factory=dict)  # unit -> pass, inconclusive, rolled-back, ...
     references: dict[str, dict[str, Any]] = field(default_factory=dict)  # unit -> its Measurement
-    changed: dict[str, set[str]] = field(default_factory=dict)  # unit -> hosts this rollout changed
     state: str = "interrupted"  # running ended without a final event: the client was cut
     failures: int = 0
 
@@ -96,13 +95,9 @@ def replay(rollout_id: str) -> Replay:
         kind = ev.get("event")
         if kind == "reference":
             out.references[ev["unit"]] = ev["measurement"]
-        elif kind == "pushed" and ev.get("changed"):
-            out.changed.setdefault(ev["unit"], set()).add(ev["host"])
-        elif kind == "put-back":
-            out.changed.pop(ev["unit"], None)
         elif kind == "unit-done":
             out.finished[ev["unit"]] = ev["result"]
-            out.failures += ev["result"] == "rolled-back"
+            out.failures += ev["result"] in ("rolled-back", "put-back-failed")
         elif kind == "rollout":
             out.state = ev["state"]
     return out

@@ -31,6 +31,7 @@ from .unit_steps import UnitSteps
 
 Say = Callable[[str, str], None]  # (message, host or unit)
 ROLLOUT = "rollout"  # the prefix of the rollout's own lines
+FAILED = ("rolled-back", "put-back-failed")  # a unit's results that count against max fail
 
 
 class Rollout:
@@ -61,7 +62,7 @@ class Rollout:
             self.journal.write("batch", index=i, label=label, units=todo)
             self.say(f"{label}: {', '.join(todo)}", ROLLOUT)
             results = {name: self._roll(name) for name in todo}
-            failed = [name for name, result in results.items() if result == "rolled-back"]
+            failed = [name for name, result in results.items() if result in FAILED]
             self.failures += len(failed)
             if failed and (i == 0 or self.failures > self.plan.max_failures):
                 over = f"{self.failures} failure(s), over max fail {self.plan.max_failures}"
@@ -80,8 +81,6 @@ class Rollout:
         """One unit from start to its gates' verdict; put back on any failure."""
         unit = self.plan.unit(name)
         steps = UnitSteps(unit, self.ps, self.spec, self.say)
-        if self.past and name in self.past.changed:
-            steps.changed = {h: True for h in self.past.changed[name]}
         self.steps[name] = steps
         self.journal.write("unit", unit=name, step="start")
         try:
@@ -95,7 +94,7 @@ class Rollout:
             self.journal.write("put-back", unit=name, ok=why is None, problem=why)
             if why is not None:
                 self.say(f"could not put back the previous release: {why}", name)
-            result = "rolled-back"
+            result = "rolled-back" if why is None else "put-back-failed"
         self.journal.write("unit-done", unit=name, result=result)
         self.finished[name] = result
         return result
@@ -163,8 +162,11 @@ class Rollout:
         for name in names:
             why = self.steps[name].put_back()
             self.journal.write("put-back", unit=name, ok=why is None, problem=why, cause=f"{label} aborted")
-            self.journal.write("unit-done", unit=name, result="rolled-back")
-            self.finished[name] = "rolled-back"
+            if why is not None:
+                self.say(f"could not put back the previous release: {why}", name)
+            result = "rolled-back" if why is None else "put-back-failed"
+            self.journal.write("unit-done", unit=name, result=result)
+            self.finished[name] = result
 
     def _put_back_in_flight(self) -> None:
         in_flight = [n for n in self.steps if n not in self.finished]

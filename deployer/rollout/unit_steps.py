@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import DeployError, StateError
+from ..errors import BuildError, DeployError, StateError
 from ..ops.bench import Bench, BenchParams, probe_prompts
 from ..ops.deploy import Options, push_host, rollback_host
 from ..ops.kernel_build import BuildOptions, build_host, push_then_build
@@ -27,6 +27,7 @@ from ..ops.serving_checks import drain, health, router
 from ..patchset import PatchSet
 from ..render import launch_dir_for, render_hosts
 from ..transport.agent_client import agent_session
+from ..transport.protocol import StateReply
 from ..transport.protocol_serving import Measurement
 from .gates import GateResult, evaluate
 from .plan import Unit
@@ -42,7 +43,7 @@ class UnitSteps:
     ps: PatchSet
     spec: RolloutSpec
     say: Say
-    changed: dict[str, bool] = field(default_factory=dict)  # host -> its checkout was changed here
+    changed: dict[str, bool] = field(default_factory=dict)  # host -> its checkout was changed here (the log)
 
     @property
     def lead(self):
@@ -155,21 +156,23 @@ class UnitSteps:
         return [first, *evaluate(reference, candidate, self.spec.gates, self.spec.measure.requests)], candidate
 
     def put_back(self) -> str | None:
-        """The previous release serving again: stop what runs, roll back each checkout this rollout
-        changed (its kernels are cached from before), launch as before. None when done, else why
-        not (the rollout then says what is left to do by hand)."""
+        """The previous release serving again: stop what runs, roll back each checkout whose
+        applied release is not the one it had (read from the host: a push cut off by its deadline
+        may have applied or not), build (its kernels are cached from before), launch as before.
+        None when done, else why not (the rollout then says what is left to do by hand)."""
         problems = []
         for host, before in zip(self.unit.hosts, self.unit.versions or [None] * len(self.unit.hosts), strict=True):
             say = self._say(host.name)
             try:
                 with agent_session(host, command=COMMAND) as agent:
                     stop_quietly(agent, launch_dir_for(host), say)
-                if self.changed.get(host.name):
+                    applied = agent.call("state", {}, StateReply).state.applied
+                if (applied.version if applied else None) != before:
                     # to the release it had (none: the pre-deploy state), whatever came between
                     rollback_host(host, Options(command=COMMAND, to=before), say)
-                    self.changed[host.name] = False
                     if self.spec.steps.build:
-                        build_host(host, BuildOptions(command=COMMAND), say)
+                        self._rebuild(host, say)
+                self.changed[host.name] = False
             except DeployError as exc:
                 problems.append(f"{host.name}: {exc}")
         if problems:
@@ -184,6 +187,15 @@ class UnitSteps:
             except DeployError as exc:
                 return f"the previous launch serves again but is not back in its router: {exc}"
         return None
+
+    def _rebuild(self, host, say: Callable[[str], None]) -> None:
+        """The previous release's kernels after its rollback (a cache hit when it was built here
+        before); a failed build is said, not raised: the previous launch must serve again, and
+        its JIT kernels then compile at first use, as they did before any build."""
+        try:
+            build_host(host, BuildOptions(command=COMMAND), say)
+        except BuildError as exc:
+            say(f"the previous release's kernel build failed ({exc}); launching it without a build")
 
     def serves_now(self) -> bool:
         """Whether the unit's lead host serves (a resumed unit may have been stopped mid-way)."""
