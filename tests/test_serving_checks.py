@@ -123,6 +123,25 @@ def test_drain_and_health_with_nothing_running_are_refused(hosts, cli, marks, h1
             health(agent)
 
 
+def test_status_shows_the_last_launch_running_then_stopped(hosts, cli, marks, h1):
+    """`status` finds what a launch left (the brief: `status` and `stop` must find a launch)."""
+    inv = hosts.inventory_dir
+
+    def launch_of() -> dict:
+        out = json.loads(cli("status", "--host", "h1", "--json", inventory=inv).stdout)
+        return out[0]["data"]["launch"]
+
+    serve(hosts, cli, marks)
+    now = launch_of()
+    assert (now["topology"], now["state"], now["units"], now["alive"]) == ("tp8", "running", 1, 1)
+    table = cli("status", "--host", "h1", inventory=inv).stderr
+    assert f"tp8 running (1 unit, since {now['started_at']})" in table
+    assert cli("stop", "--host", "h1", "--grace", "2", inventory=inv).code == 0
+    then = launch_of()
+    assert (then["id"], then["state"], then["alive"]) == (now["id"], "stopped", 0)
+    assert f"tp8 stopped ({then['stopped_at']})" in cli("status", "--host", "h1", inventory=inv).stderr
+
+
 def test_drain_with_nothing_ever_launched_is_refused(hosts, h1):
     (hosts.host("h1").cache_dir / "launches" / "launch.json").unlink(missing_ok=True)
     with agent_session(h1) as agent, pytest.raises(StateError, match="nothing was launched on h1"):

@@ -277,10 +277,24 @@ def bench_table(result: dict[str, Any]) -> str:
     return "\n".join([bench_head(result), table(rows, headers), *verdicts, greedy_verdict(result)])
 
 
+def launch_text(launch) -> str:
+    """The last launch in one cell: topology and what runs of it ('-': nothing launched)."""
+    if launch is None:
+        return "-"
+    if launch.error:
+        return f"unreadable: {launch.error}"[:60]
+    name = launch.topology + (f" ({launch.variant})" if launch.variant else "")
+    if launch.state == "running" and launch.alive == launch.units:
+        return f"{name} running ({launch.units} unit{'s' if launch.units != 1 else ''}, since {launch.started_at})"
+    if launch.state == "running":
+        return f"{name} exited ({launch.alive} of {launch.units} units alive; `ddeploy logs`)"
+    return f"{name} {launch.state} ({launch.stopped_at or launch.started_at})"
+
+
 def describe_status(status: HostStatus) -> str:
     return (
         f"{checkout_text(status)}; applied: {applied_text(status)}; drift: {drift_text(status)}; "
-        f"lock: {lock_cell(status.lock)}"
+        f"lock: {lock_cell(status.lock)}; launch: {launch_text(status.launch)}"
     )
 
 
@@ -299,14 +313,16 @@ def status_table(results: list[HostResult]) -> str:
                     lock_cell(s.lock),
                     builds_text(s.builds),
                     tests_text(s.tests),
+                    launch_text(s.launch),
                     bench_text(s.bench),
                 ]
             )
         elif isinstance(r.error, ConnectError):
-            rows.append([r.host, f"no: {r.message}"[:70], "?", "?", "?", "?", "?", "?", "?"])
+            rows.append([r.host, f"no: {r.message}"[:70], *["?"] * 8])
         else:  # reachable, but the checkout cannot be read (missing, not git, ...)
-            rows.append([r.host, "yes", f"error: {r.message}"[:70], "?", "?", "?", "?", "?", "?"])
-    return table(rows, ["host", "reachable", "checkout", "applied", "drift", "lock", "builds", "tests", "bench"])
+            rows.append([r.host, "yes", f"error: {r.message}"[:70], *["?"] * 7])
+    head = ["host", "reachable", "checkout", "applied", "drift", "lock", "builds", "tests", "launch", "bench"]
+    return table(rows, head)
 
 
 # --- fleet summaries ---------------------------------------------------------------------------

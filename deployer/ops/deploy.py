@@ -24,6 +24,7 @@ from ..transport.protocol import (
     Applied,
     BaseCheck,
     BuildRecord,
+    LaunchSummary,
     LockOwner,
     LockReleaseReply,
     LockReply,
@@ -68,6 +69,7 @@ class HostStatus(Record):
     builds: dict[str, BuildRecord] = {}
     tests: TestRecord | None = None
     bench: dict[str, Any] | None = None  # the last `ddeploy bench` (docs/json.md)
+    launch: LaunchSummary | None = None  # the host's last launch
     interrupted: bool = False
 
 
@@ -237,6 +239,7 @@ def status_host(host: Host, opts: Options, say: Say, expect: PatchSet | None = N
             builds=state.builds,
             tests=state.tests,
             bench=state.bench,
+            launch=facts.launch,
             interrupted=facts.journal,
         )
     )

@@ -141,6 +141,21 @@ class BaseCheck(Record):
     mismatched: list[BaseMismatch] = []
 
 
+class LaunchSummary(Record):
+    """`status`: the host's last launch, from its launch record (docs/serving.md)."""
+
+    id: str | None = None
+    topology: str | None = None
+    state: str | None = Field(default=None, description="running, stopped or failed, as recorded")
+    variant: str | None = None
+    started_at: str | None = None
+    stopped_at: str | None = None
+    failure: str | None = None
+    units: int = 0
+    alive: int = Field(default=0, description="units whose leader still runs (the recorded pid and start time)")
+    error: str | None = Field(default=None, description="the record could not be read")
+
+
 class Facts(Record):
     head: str
     tree: str | None = None
@@ -151,6 +166,7 @@ class Facts(Record):
     lock: LockOwner | None = None
     journal: bool = False
     base: BaseCheck | None = None  # status: the touched files at the pre-deploy commit (or HEAD)
+    launch: LaunchSummary | None = None  # status: the host's last launch
 
 
 class PlanPatch(Record):
