@@ -15,7 +15,6 @@ from ..ops.kernel_build import PushBuild
 from ..patchset import PatchSet
 from ..transport.protocol import (
     BuildRecord,
-    BuildReply,
     LockOwner,
     LockReleaseReply,
     LogReply,
@@ -25,6 +24,7 @@ from ..transport.protocol import (
     RollbackReply,
     TestRecord,
 )
+from ..transport.protocol_build import BuildReply
 from .output import table
 
 

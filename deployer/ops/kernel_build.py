@@ -17,7 +17,8 @@ from typing import Any
 from ..inventory import Host
 from ..patchset import PatchSet
 from ..transport.agent_client import AgentSession, agent_session
-from ..transport.protocol import BuildReply, PushReply, Record, Reply, Target
+from ..transport.protocol import PushReply, Record, Reply
+from ..transport.protocol_build import BuildReply, Target
 from .deploy import Options, ensure_local_checkout, push_with, session
 from .outcome import Outcome, Say
 

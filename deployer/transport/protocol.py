@@ -259,39 +259,6 @@ class LockReleaseReply(Reply):
     lock: LockOwner | None
 
 
-class Toolkit(Record):
-    cuda_home: str
-    nvcc: str
-
-
-class BuildPlan(Record):
-    host: str
-    arch: str
-    capability: tuple[int, int]
-    toolkit: Toolkit
-    source_hash: str
-    version: str
-    gpu: str | None = None
-    cache_dir: str
-    packages: dict[str, str | None] = Field(
-        default_factory=dict, description="versions of torch, flashinfer-python, apache-tvm-ffi (None: absent)"
-    )
-    action: Literal["build", "noop"]
-    reason: str
-    key: str
-    previous_cache_dir: str | None = None
-
-
-class BuildReply(Reply):
-    changed: bool
-    plan: BuildPlan
-    build: dict[str, Any] | None = Field(default=None, description="the prebuild's own JSON summary")
-
-
-class SourcesReply(Reply):
-    source_hash: str | None
-
-
 class TestReply(Reply):
     __test__ = False
 
@@ -301,16 +268,3 @@ class TestReply(Reply):
     push: PushReply | None = Field(
         default=None, description="the push of the dev snapshot before the tests (--overlay)"
     )
-
-
-class Target(Record):
-    """What the agent needs to know about the host from the inventory (names its errors too)."""
-
-    name: str
-    source: str
-    python: str
-    arch: str
-    capability: tuple[int, int]
-    model: str
-    cuda_home: str | None = None
-    cache_root: str | None = None
