@@ -111,16 +111,17 @@ class Rollout:
                      "only /health_generate is checked", name)  # fmt: skip
             self.journal.write("rollback-window", unit=name, rollout=recent[0], passed_at=recent[1])
         if unit.serving is not None:
+            serving_now = steps.serves_now()  # asked once: a resumed unit may be stopped already
             kept = self.past.references.get(name) if self.past else None
             if recent is not None:
                 pass  # within the rollback window: nothing to compare with, only the health gate
             elif kept is not None:
                 reference = Measurement.model_validate(kept)
-            elif steps.serves_now():
+            elif serving_now:
                 self._step(name, "reference")
                 reference = steps.measure()
                 self.journal.write("reference", unit=name, measurement=reference.to_data())
-            if steps.serves_now():
+            if serving_now:
                 self._step(name, "drain")
                 steps.drain_and_stop()
         self._step(name, "change")

@@ -119,12 +119,11 @@ class UnitSteps:
         serving = self.unit.serving
         if serving is None:
             return
-        say = lambda text, host: self.say(text, host)  # noqa: E731
         launch(
             list(self.unit.hosts),
             serving.topology,
             serving.sets,
-            say,
+            self.say,
             command=COMMAND,
             wait=self.spec.deadlines.launch_s,
         )
